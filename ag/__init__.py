@@ -1,0 +1,19 @@
+"""ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
+from . import trace
+from .ops import (ShapeError, add, concat, div, exp, gelu, getitem, log, log_softmax, logsumexp,
+                  matmul, max, mean, mul, neg, pow, relu, reshape, sigmoid, softmax, sqrt, sub,
+                  sum, tanh, transpose, where)
+from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
+                     discard_value_if_has_rematerializer, eager_grads, make_output, no_grad,
+                     release_unneeded, topological_sort, unbroadcast)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor", "GraphError", "ShapeError", "trace", "config", "no_grad", "eager_grads",
+    "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output",
+    "discard_value_if_has_rematerializer", "release_unneeded",
+    "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",
+    "sqrt", "relu", "tanh", "sigmoid", "gelu", "reshape", "transpose", "getitem", "concat",
+    "softmax", "log_softmax", "logsumexp", "where",
+]

@@ -1,0 +1,497 @@
+"""The ops: each computes on NumPy arrays and states its gradient right beside it.
+
+Every op is a plain function in the ``ag`` namespace (``ag.matmul(a, b)``) and, where
+Python has one, an operator on Tensor (``a @ b``). An op's ``_backward(out)`` closure
+reads ``out.grad`` and the values it declared in ``saves``, and adds into its inputs'
+grads with ``accumulate_grad``, which allocates lazily and undoes broadcasting.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .tensor import GraphError, Tensor, accumulate_grad, as_tensor, make_output
+
+
+class ShapeError(ValueError):
+    """An op got shapes, axes or arguments it cannot work with."""
+
+
+def _operand(op: str, x, like: Tensor | None = None) -> Tensor:
+    if isinstance(x, Tensor):
+        if x.value is None:
+            raise GraphError(f"{op}: the value of {x.describe()} was discarded; "
+                             "rematerialize it (or keep it as a checkpoint) before using it")
+        return x
+    if isinstance(x, (int, float, bool, np.ndarray, np.number, list, tuple)):
+        try:
+            return as_tensor(x, like)
+        except TypeError as error:
+            raise TypeError(f"{op}: {error}") from None
+    raise TypeError(f"{op}: operands must be Tensors, arrays or numbers, got {type(x).__name__}")
+
+
+def _operands(op: str, a, b) -> tuple[Tensor, Tensor]:
+    a = _operand(op, a, b if isinstance(b, Tensor) else None)
+    return a, _operand(op, b, a)
+
+
+def _broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ShapeError(f"{op}: shapes {' and '.join(map(str, shapes))} do not broadcast "
+                         "(trailing dimensions must be equal or 1)") from None
+
+
+def _axes(op: str, axis, ndim: int) -> tuple[int, ...]:
+    """Normalize ``axis`` (None, int or tuple) to sorted non-negative axes, or raise."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    for ax in axes:
+        if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
+            raise ShapeError(f"{op}: axis {ax!r} is out of range for a tensor with {ndim} dimensions")
+    normalized = sorted({int(ax) % builtins.max(ndim, 1) for ax in axes})
+    if len(normalized) != len(axes):
+        raise ShapeError(f"{op}: repeated axis in {axis!r}")
+    return tuple(normalized)
+
+
+def _axis(op: str, axis: int, ndim: int) -> int:
+    if not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"{op}: axis must be one integer, got {axis!r}")
+    return _axes(op, axis, ndim)[0]
+
+
+def _expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """Put the reduced axes back as size-1 dimensions, so ``g`` broadcasts against the input."""
+    return g if keepdims else np.expand_dims(g, axes)
+
+
+# ---- elementwise binary ops ----
+
+def add(a, b) -> Tensor:
+    """out = a + b;  da = dout,  db = dout  (summed over broadcast axes)."""
+    a, b = _operands("add", a, b)
+    _broadcast("add", a.shape, b.shape)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad)
+        accumulate_grad(b, out.grad)
+    return make_output(a.value + b.value, "add", (a, b), _backward)
+
+
+def sub(a, b) -> Tensor:
+    """out = a - b;  da = dout,  db = -dout."""
+    a, b = _operands("sub", a, b)
+    _broadcast("sub", a.shape, b.shape)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad)
+        if b.requires_grad:
+            accumulate_grad(b, np.negative(out.grad))
+    return make_output(a.value - b.value, "sub", (a, b), _backward)
+
+
+def mul(a, b) -> Tensor:
+    """out = a * b;  da = dout * b,  db = dout * a."""
+    a, b = _operands("mul", a, b)
+    _broadcast("mul", a.shape, b.shape)
+
+    def _backward(out: Tensor) -> None:
+        if a.requires_grad:
+            accumulate_grad(a, out.grad * b.value)
+        if b.requires_grad:
+            accumulate_grad(b, out.grad * a.value)
+    return make_output(a.value * b.value, "mul", (a, b), _backward, saves=_needs(a, b))
+
+
+def div(a, b) -> Tensor:
+    """out = a / b;  da = dout / b,  db = -dout * a / b**2."""
+    a, b = _operands("div", a, b)
+    _broadcast("div", a.shape, b.shape)
+
+    def _backward(out: Tensor) -> None:
+        if a.requires_grad:
+            accumulate_grad(a, out.grad / b.value)
+        if b.requires_grad:
+            accumulate_grad(b, -out.grad * a.value / (b.value * b.value))
+    saves = (b,) + ((a,) if b.requires_grad else ())
+    return make_output(a.value / b.value, "div", (a, b), _backward, saves=saves)
+
+
+def _needs(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
+    """For a product: a's gradient reads b's value and b's gradient reads a's."""
+    return ((b,) if a.requires_grad else ()) + ((a,) if b.requires_grad else ())
+
+
+def pow(a, exponent: float) -> Tensor:
+    """out = a ** p for a number p;  da = dout * p * a ** (p - 1)."""
+    a = _operand("pow", a)
+    if isinstance(exponent, Tensor) or not np.isscalar(exponent):
+        raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad * (exponent * a.value ** (exponent - 1)))
+    return make_output(a.value ** exponent, "pow", (a,), _backward, saves=(a,))
+
+
+def neg(a) -> Tensor:
+    """out = -a;  da = -dout."""
+    a = _operand("neg", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, np.negative(out.grad))
+    return make_output(np.negative(a.value), "neg", (a,), _backward)
+
+
+# ---- matrix product ----
+
+def matmul(a, b) -> Tensor:
+    """out = a @ b (leading dims broadcast);  da = dout @ b^T,  db = a^T @ dout."""
+    a, b = _operands("matmul", a, b)
+    _check_matmul(a, b)
+
+    def _backward(out: Tensor) -> None:
+        av = a.value[None, :] if a.ndim == 1 else a.value
+        bv = b.value[:, None] if b.ndim == 1 else b.value
+        g = out.grad.reshape(_matmul_shape(av.shape, bv.shape))
+        if a.requires_grad:
+            ga = np.matmul(g, np.swapaxes(bv, -1, -2))
+            accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
+        if b.requires_grad:
+            gb = np.matmul(np.swapaxes(av, -1, -2), g)
+            accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
+    return make_output(np.matmul(a.value, b.value), "matmul", (a, b), _backward, saves=_needs(a, b))
+
+
+def _check_matmul(a: Tensor, b: Tensor) -> None:
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes {a.shape} "
+                         f"and {b.shape} (use mul for a scalar)")
+    k_a = a.shape[-1]
+    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if k_a != k_b:
+        raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} do not align: the last "
+                         f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
+    try:
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions {a.shape[:-2]} and {b.shape[:-2]} of shapes "
+                         f"{a.shape} and {b.shape} do not broadcast") from None
+
+
+def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
+    return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
+
+
+# ---- reductions ----
+
+def sum(a, axis=None, keepdims: bool = False) -> Tensor:
+    """out = Σ_axis a;  da = dout broadcast back over the summed axes."""
+    a = _operand("sum", a)
+    axes = _axes("sum", axis, a.ndim)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
+    return make_output(np.sum(a.value, axis=axes, keepdims=keepdims), "sum", (a,), _backward)
+
+
+def mean(a, axis=None, keepdims: bool = False) -> Tensor:
+    """out = Σ_axis a / n;  da = dout / n broadcast back over the reduced axes."""
+    a = _operand("mean", a)
+    axes = _axes("mean", axis, a.ndim)
+    n = math.prod(a.shape[ax] for ax in axes)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims) / n, a.shape))
+    return make_output(np.mean(a.value, axis=axes, keepdims=keepdims), "mean", (a,), _backward)
+
+
+def max(a, axis=None, keepdims: bool = False) -> Tensor:
+    """out = max_axis a;  da = dout at the maxima (split evenly between ties), 0 elsewhere."""
+    a = _operand("max", a)
+    axes = _axes("max", axis, a.ndim)
+    if a.size == 0:
+        raise ShapeError(f"max: cannot take the max of an empty tensor of shape {a.shape}")
+
+    def _backward(out: Tensor) -> None:
+        is_max = a.value == _expand(out.value, axes, keepdims)
+        share = _expand(out.grad, axes, keepdims) / np.sum(is_max, axis=axes, keepdims=True)
+        accumulate_grad(a, np.where(is_max, share, 0).astype(a.dtype, copy=False))
+    return make_output(np.max(a.value, axis=axes, keepdims=keepdims), "max", (a,), _backward,
+                       saves=(a,), saves_output=True)
+
+
+def logsumexp(a, axis=None, keepdims: bool = False) -> Tensor:
+    """out = log Σ_axis exp(a), computed as m + log Σ exp(a - m);  da = dout * exp(a - out)."""
+    a = _operand("logsumexp", a)
+    axes = _axes("logsumexp", axis, a.ndim)
+
+    def _backward(out: Tensor) -> None:
+        lse = _expand(out.value, axes, keepdims)
+        accumulate_grad(a, _expand(out.grad, axes, keepdims) * _exp_shifted(a.value, lse))
+    return make_output(_logsumexp(a.value, axes, keepdims), "logsumexp", (a,), _backward,
+                       saves=(a,), saves_output=True)
+
+
+def _finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Row max used as the shift; 0 where the whole row is -inf, so the shift never makes NaN."""
+    m = np.max(x, axis=axes, keepdims=True)
+    return np.where(np.isfinite(m), m, 0).astype(x.dtype, copy=False)
+
+
+def _logsumexp(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    m = _finite_max(x, axes)
+    with np.errstate(divide="ignore"):
+        out = m + np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True))
+    return out if keepdims else np.squeeze(out, axes)
+
+
+def _exp_shifted(x: np.ndarray, lse: np.ndarray) -> np.ndarray:
+    """exp(x - lse), taking -inf - (-inf) as -inf (a row with nothing in it gets probability 0)."""
+    return np.exp(x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)) * np.isfinite(lse)
+
+
+def softmax(a, axis: int = -1) -> Tensor:
+    """y = exp(a - max) / Σ exp(a - max);  da = y * (dy - Σ_axis dy * y)."""
+    a = _operand("softmax", a)
+    ax = _axis("softmax", axis, a.ndim)
+
+    def _backward(out: Tensor) -> None:
+        y = out.value
+        accumulate_grad(a, y * (out.grad - np.sum(out.grad * y, axis=ax, keepdims=True)))
+    y = a.value - _finite_max(a.value, (ax,))
+    np.exp(y, out=y)
+    total = np.sum(y, axis=ax, keepdims=True)
+    # a row with every entry -inf (fully masked) has total 0: leave its zeros, no 0/0
+    np.divide(y, total, out=y, where=total > 0)
+    return make_output(y, "softmax", (a,), _backward, saves_output=True)
+
+
+def log_softmax(a, axis: int = -1) -> Tensor:
+    """y = a - logsumexp(a);  da = dy - softmax(a) * Σ_axis dy."""
+    a = _operand("log_softmax", a)
+    ax = _axis("log_softmax", axis, a.ndim)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad - np.exp(out.value) * np.sum(out.grad, axis=ax, keepdims=True))
+    lse = _logsumexp(a.value, (ax,), keepdims=True)
+    return make_output(a.value - lse, "log_softmax", (a,), _backward, saves_output=True)
+
+
+# ---- elementwise unary ops ----
+
+def exp(a) -> Tensor:
+    """y = e^a;  da = dy * y."""
+    a = _operand("exp", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad * out.value)
+    return make_output(np.exp(a.value), "exp", (a,), _backward, saves_output=True)
+
+
+def log(a) -> Tensor:
+    """y = ln a;  da = dy / a."""
+    a = _operand("log", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad / a.value)
+    return make_output(np.log(a.value), "log", (a,), _backward, saves=(a,))
+
+
+def sqrt(a) -> Tensor:
+    """y = √a;  da = dy / (2y)."""
+    a = _operand("sqrt", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad / (2 * out.value))
+    return make_output(np.sqrt(a.value), "sqrt", (a,), _backward, saves_output=True)
+
+
+def relu(a) -> Tensor:
+    """y = max(a, 0);  da = dy where y > 0, else 0 (reads only the output)."""
+    a = _operand("relu", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad * (out.value > 0))
+    return make_output(np.maximum(a.value, 0), "relu", (a,), _backward, saves_output=True)
+
+
+def tanh(a) -> Tensor:
+    """y = tanh a;  da = dy * (1 - y²)."""
+    a = _operand("tanh", a)
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad * (1 - out.value * out.value))
+    return make_output(np.tanh(a.value), "tanh", (a,), _backward, saves_output=True)
+
+
+def sigmoid(a) -> Tensor:
+    """y = 1 / (1 + e^-a);  da = dy * y * (1 - y)."""
+    a = _operand("sigmoid", a)
+
+    def _backward(out: Tensor) -> None:
+        y = out.value
+        accumulate_grad(a, out.grad * y * (1 - y))
+    # exp of -|a| only, so that large |a| never overflows
+    e = np.exp(-np.abs(a.value))
+    y = np.where(a.value >= 0, 1 / (1 + e), e / (1 + e))
+    return make_output(y.astype(a.dtype, copy=False), "sigmoid", (a,), _backward, saves_output=True)
+
+
+_GELU_C = math.sqrt(2 / math.pi)
+
+
+def gelu(a) -> Tensor:
+    """y = a/2 · (1 + tanh(c(a + 0.044715 a³))), c = √(2/π);
+    da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
+    a = _operand("gelu", a)
+
+    def _backward(out: Tensor) -> None:
+        x = a.value
+        t = np.tanh(_GELU_C * (x + 0.044715 * x ** 3))
+        dy_dx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * 0.044715 * x * x)
+        accumulate_grad(a, out.grad * dy_dx)
+    x = a.value
+    y = 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * x ** 3)))
+    return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
+
+
+# ---- shape ops ----
+
+def reshape(a, *shape) -> Tensor:
+    """out = a viewed with a new shape;  da = dout reshaped back."""
+    a = _operand("reshape", a)
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    try:
+        value = a.value.reshape(shape)
+    except ValueError:
+        raise ShapeError(f"reshape: cannot reshape a tensor of shape {a.shape} "
+                         f"({a.size} elements) to {shape}") from None
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, out.grad.reshape(a.shape))
+    return make_output(value, "reshape", (a,), _backward)
+
+
+def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
+    """out = a with its axes permuted (reversed by default);  da = dout with the inverse permutation."""
+    a = _operand("transpose", a)
+    perm = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
+    if len(perm) != a.ndim or (perm and _axes("transpose", perm, a.ndim) != tuple(range(a.ndim))):
+        raise ShapeError(f"transpose: axes {axes!r} are not a permutation of the "
+                         f"{a.ndim} axes of shape {a.shape}")
+    perm = tuple(int(p) % a.ndim for p in perm)
+    inverse = tuple(int(i) for i in np.argsort(perm))
+
+    def _backward(out: Tensor) -> None:
+        accumulate_grad(a, np.transpose(out.grad, inverse))
+    return make_output(np.transpose(a.value, perm), "transpose", (a,), _backward)
+
+
+def getitem(a, index) -> Tensor:
+    """out = a[index];  da = dout scattered back into zeros of a's shape (summed where repeated)."""
+    a = _operand("getitem", a)
+    index = _plain_index(index)
+    try:
+        value = a.value[index]
+    except (IndexError, TypeError) as error:
+        raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
+    basic = _is_basic(index)
+
+    def _backward(out: Tensor) -> None:
+        g = np.zeros(a.shape, dtype=out.grad.dtype)
+        if basic:
+            g[index] = out.grad
+        else:
+            np.add.at(g, index, out.grad)
+        accumulate_grad(a, g)
+    return make_output(value, "getitem", (a,), _backward)
+
+
+def _plain_index(index):
+    if isinstance(index, Tensor):
+        return index.value
+    if isinstance(index, tuple):
+        return tuple(i.value if isinstance(i, Tensor) else i for i in index)
+    return index
+
+
+def _is_basic(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(p is None or p is Ellipsis or isinstance(p, (slice, int, np.integer)) for p in parts)
+
+
+def concat(tensors: Sequence, axis: int = 0) -> Tensor:
+    """out = [t1, t2, ...] joined along ``axis``;  dt_i = the slice of dout that t_i became."""
+    tensors = [_operand("concat", t) for t in tensors]
+    if not tensors:
+        raise ShapeError("concat: needs at least one tensor")
+    ax = _axis("concat", axis, tensors[0].ndim)
+    first = tensors[0].shape
+    for t in tensors[1:]:
+        if t.ndim != len(first) or any(n != m for i, (n, m) in enumerate(zip(t.shape, first)) if i != ax):
+            raise ShapeError(f"concat: shapes {[x.shape for x in tensors]} differ outside axis {ax}")
+    ends = np.cumsum([t.shape[ax] for t in tensors])[:-1]
+
+    def _backward(out: Tensor) -> None:
+        for t, g in zip(tensors, np.split(out.grad, ends, axis=ax)):
+            accumulate_grad(t, g)
+    return make_output(np.concatenate([t.value for t in tensors], axis=ax), "concat", tensors, _backward)
+
+
+def where(condition, a, b) -> Tensor:
+    """out = a where condition else b;  da = dout where condition,  db = dout elsewhere."""
+    cond = condition.value if isinstance(condition, Tensor) else condition
+    if not (isinstance(cond, np.ndarray) and cond.dtype == np.bool_):
+        raise TypeError(f"where: condition must be a boolean array, got "
+                        f"{getattr(cond, 'dtype', type(cond).__name__)}")
+    a, b = _operands("where", a, b)
+    _broadcast("where", cond.shape, a.shape, b.shape)
+
+    def _backward(out: Tensor) -> None:
+        zero = np.zeros((), dtype=out.grad.dtype)
+        if a.requires_grad:
+            accumulate_grad(a, np.where(cond, out.grad, zero))
+        if b.requires_grad:
+            accumulate_grad(b, np.where(cond, zero, out.grad))
+    return make_output(np.where(cond, a.value, b.value), "where", (a, b), _backward)
+
+
+# ---- operators on Tensor ----
+
+def _reflected(op):
+    return lambda self, other: op(other, self)
+
+
+Tensor.__add__ = add
+Tensor.__radd__ = _reflected(add)
+Tensor.__sub__ = sub
+Tensor.__rsub__ = _reflected(sub)
+Tensor.__mul__ = mul
+Tensor.__rmul__ = _reflected(mul)
+Tensor.__truediv__ = div
+Tensor.__rtruediv__ = _reflected(div)
+Tensor.__matmul__ = matmul
+Tensor.__rmatmul__ = _reflected(matmul)
+Tensor.__pow__ = pow
+Tensor.__neg__ = neg
+Tensor.__getitem__ = getitem
+Tensor.T = property(lambda self: transpose(self))
+Tensor.sum = sum
+Tensor.mean = mean
+Tensor.max = max
+Tensor.exp = exp
+Tensor.log = log
+Tensor.sqrt = sqrt
+Tensor.relu = relu
+Tensor.tanh = tanh
+Tensor.sigmoid = sigmoid
+Tensor.reshape = reshape
+Tensor.transpose = transpose
+Tensor.softmax = softmax

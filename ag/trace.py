@@ -1,0 +1,142 @@
+"""Memory tracing with tracemalloc, as in the lecture.
+
+NumPy reports every data buffer it allocates to tracemalloc in its own domain,
+``np.lib.tracemalloc_domain``; ``snapshot_trace`` sums exactly those buffers, so
+``allocated_bytes`` is what your arrays hold, not what Python objects cost.
+``peak_bytes`` is tracemalloc's traced peak: it counts *all* Python allocations
+(of which NumPy's buffers dominate in any run worth measuring) and it catches the
+high-water mark between snapshots too.
+
+Typical use, the slide's code::
+
+    start_trace()
+    a = 1.0 * np.zeros((1000, 1000)); b = a * a; c = np.sum(b, axis=1)
+    print_trace_stats(snapshot_trace())   # memory allocated: 16 MB
+    end_trace()
+
+tracemalloc sees host memory only: it cannot see GPU memory.
+"""
+from __future__ import annotations
+
+import contextlib
+import tracemalloc
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+NUMPY_DOMAIN = np.lib.tracemalloc_domain
+MB = 10**6
+
+
+class TraceError(RuntimeError):
+    """Tracing was started twice, or ended without being started."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Bytes alive at one moment of a trace, with a label saying what just ran."""
+
+    allocated_bytes: int
+    peak_bytes: int
+    op: str | None = None
+    phase: str | None = None
+    tensor: str | None = None
+
+    @property
+    def allocated_mb(self) -> int:
+        return self.allocated_bytes // MB
+
+    @property
+    def label(self) -> str:
+        parts = [p for p in (self.phase, self.op, self.tensor) if p]
+        return " ".join(parts)
+
+
+@dataclass
+class _Session:
+    owns_tracemalloc: bool
+    traced_at_start: int
+    baseline: Counter = field(default_factory=Counter)
+
+
+_session: _Session | None = None
+_timelines: list[list[Snapshot]] = []
+
+
+def is_tracing() -> bool:
+    return _session is not None
+
+
+def start_trace() -> None:
+    """Start counting NumPy allocations (and reset the peak) from now on."""
+    global _session
+    if _session is not None:
+        raise TraceError("start_trace: tracing is already running; call end_trace() first")
+    if tracemalloc.is_tracing():
+        # A session the user started: leave its traces alone, remember what was alive.
+        _session = _Session(False, 0, _numpy_traces())
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start(1)
+        _session = _Session(True, 0)
+    _session.traced_at_start = tracemalloc.get_traced_memory()[0]
+
+
+def end_trace() -> None:
+    """Stop tracing; a tracemalloc session the user started keeps running."""
+    global _session
+    if _session is None:
+        raise TraceError("end_trace: tracing is not running; call start_trace() first")
+    if _session.owns_tracemalloc:
+        tracemalloc.stop()
+    _session = None
+
+
+def snapshot_trace(op: str | None = None, phase: str | None = None, tensor: str | None = None) -> Snapshot:
+    """NumPy bytes alive now that were allocated since start_trace, and the peak so far."""
+    if _session is None:
+        raise TraceError("snapshot_trace: tracing is not running; call start_trace() first")
+    traces = _numpy_traces()
+    if _session.baseline:
+        traces = traces - _session.baseline
+    allocated = sum(size * count for (size, _), count in traces.items())
+    peak = tracemalloc.get_traced_memory()[1] - _session.traced_at_start
+    return Snapshot(allocated, max(peak, allocated), op, phase, tensor)
+
+
+def print_trace_stats(stats: Snapshot) -> None:
+    """Print ``memory allocated: N MB`` with N = allocated bytes // 10**6, as the slides do."""
+    print(f"memory allocated: {stats.allocated_bytes // MB} MB")
+
+
+@contextlib.contextmanager
+def tracing() -> Iterator[list[Snapshot]]:
+    """Trace a block and record a labelled snapshot after every op and every backward step.
+
+    >>> with tracing() as timeline:
+    ...     loss = ag.sum(ag.relu(x @ w)); loss.backward()
+    >>> [s.label for s in timeline]   # ['forward matmul', 'forward relu', ..., 'backward matmul']
+    """
+    start_trace()
+    timeline: list[Snapshot] = []
+    _timelines.append(timeline)
+    try:
+        yield timeline
+    finally:
+        _timelines.remove(timeline)
+        end_trace()
+
+
+def record(phase: str, op: str, tensor: str | None) -> None:
+    """Called by the engine after each op and backward step; a no-op unless a timeline is open."""
+    if _timelines:
+        snap = snapshot_trace(op, phase, tensor)
+        for timeline in _timelines:
+            timeline.append(snap)
+
+
+def _numpy_traces() -> Counter:
+    snapshot = tracemalloc.take_snapshot()
+    return Counter((t.size, t.traceback) for t in snapshot.traces if t.domain == NUMPY_DOMAIN)
