@@ -256,10 +256,11 @@ def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool
     seed = _seed_grad(root, grad)
     snapshots = [] if trace else None
     order = topological_sort(root)
-    if not config.eager_grads:
-        root.grad = seed if root.grad is None else root.grad + seed
+    if root.grad is None:
+        root.grad = seed
     else:
         root.grad += seed
+    del seed  # the root's grad is freed after its step like any other
     keep_graph = retain_graph or config.eager_grads
     while order:
         node = order.pop()

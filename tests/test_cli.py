@@ -1,0 +1,34 @@
+"""The ag command line, run as a user would run it."""
+import subprocess
+import sys
+
+
+def run_ag(*args):
+    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_demo_subcommand():
+    result = run_ag("--help")
+    assert result.returncode == 0
+    assert "demo" in result.stdout
+
+
+def test_demo_help_lists_the_memory_demo():
+    result = run_ag("demo", "--help")
+    assert result.returncode == 0 and "memory" in result.stdout
+
+
+def test_demo_memory_prints_the_lecture_tables():
+    result = run_ag("demo", "memory")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "nbytes = 8,000,000 B" in out
+    assert "memory allocated: 16 MB" in out and "memory allocated: 8 MB" in out
+    assert "batch 4000: 64, 128, 192" in out
+    assert "batch 4096: 32, 65, 98, 131, 163" in out
+
+
+def test_an_unknown_demo_is_refused_with_the_choices():
+    result = run_ag("demo", "nonsense")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr and "memory" in result.stderr

@@ -1,0 +1,161 @@
+"""The graph and the backward walk: order, reuse, modes, rematerializers."""
+import numpy as np
+import pytest
+
+import ag
+
+
+def _random_dag(rng, n_nodes):
+    leaves = [ag.Tensor(rng.standard_normal(3), requires_grad=True) for _ in range(3)]
+    nodes = list(leaves)
+    for _ in range(n_nodes):
+        a, b = (nodes[i] for i in rng.integers(0, len(nodes), size=2))
+        nodes.append(ag.tanh(a * b + a))
+    return ag.sum(nodes[-1] + nodes[len(nodes) // 2]), leaves
+
+
+def test_topological_sort_puts_every_tensor_after_all_of_its_inputs(rng):
+    root, _ = _random_dag(rng, 60)
+    order = ag.topological_sort(root)
+    position = {id(t): i for i, t in enumerate(order)}
+    assert len(position) == len(order)  # each tensor once
+    for t in order:
+        for parent in t.inputs:
+            assert position[id(parent)] < position[id(t)]
+    assert order[-1] is root
+
+
+def test_topological_sort_reaches_every_ancestor(rng):
+    root, leaves = _random_dag(rng, 30)
+    order = ag.topological_sort(root)
+    reachable, stack = set(), [root]
+    while stack:
+        t = stack.pop()
+        if id(t) not in reachable:
+            reachable.add(id(t))
+            stack.extend(t.inputs)
+    assert {id(t) for t in order} == reachable
+
+
+def test_a_chain_of_50000_ops_backpropagates_without_recursion():
+    x = ag.Tensor(np.array(1.0), requires_grad=True)
+    h = x
+    for _ in range(50_000):
+        h = h * 1.0
+    h.backward()
+    assert x.grad == 1.0
+
+
+def test_a_reused_node_gets_the_sum_of_both_paths():
+    a = ag.Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    b = a + a
+    c = b * b
+    ag.sum(c).backward()
+    np.testing.assert_allclose(a.grad, 8 * a.value)  # c = 4a^2
+
+
+def test_a_diamond_graph_counts_each_path_once():
+    x = ag.Tensor(np.array(2.0), requires_grad=True)
+    y = ag.exp(x)
+    z = y * y + y  # z = e^{2x} + e^x
+    z.backward()
+    np.testing.assert_allclose(x.grad, 2 * np.exp(4.0) + np.exp(2.0))
+
+
+def test_passing_the_output_grad_on_never_aliases_two_grads():
+    a = ag.Tensor(np.ones(3), requires_grad=True)
+    b = ag.Tensor(np.ones(3), requires_grad=True)
+    s = a + b
+    (ag.sum(s * 2) + ag.sum(a * 5)).backward()
+    np.testing.assert_array_equal(a.grad, [7, 7, 7])
+    np.testing.assert_array_equal(b.grad, [2, 2, 2])
+    assert not np.shares_memory(a.grad, b.grad)
+
+
+def test_a_retained_grad_is_not_handed_on_and_then_modified():
+    a = ag.Tensor(np.ones(3), requires_grad=True)
+    h = ag.exp(a) * 1.0
+    s = h + 0.0
+    s.retain_grad()
+    out = ag.sum(s * 3) + ag.sum(h)
+    out.backward()
+    np.testing.assert_array_equal(s.grad, [3, 3, 3])
+
+
+def test_backward_on_a_non_scalar_needs_an_explicit_grad():
+    x = ag.Tensor(np.ones((2, 2)), requires_grad=True)
+    y = x * 3
+    with pytest.raises(ag.GraphError, match=r"shape \(2, 2\)"):
+        y.backward()
+    y.backward(np.full((2, 2), 0.5))
+    np.testing.assert_allclose(x.grad, np.full((2, 2), 1.5))
+
+
+def test_backward_with_a_grad_of_the_wrong_shape_raises():
+    y = ag.Tensor(np.ones((2, 2)), requires_grad=True) * 3
+    with pytest.raises(ag.GraphError, match=r"\(3,\).*\(2, 2\)"):
+        y.backward(np.ones(3))
+
+
+def test_backward_on_a_tensor_that_requires_no_grad_raises():
+    with pytest.raises(ag.GraphError, match="does not require grad"):
+        ag.sum(ag.Tensor(np.ones(3))).backward()
+
+
+def test_no_grad_builds_no_graph():
+    w = ag.Tensor(np.ones(3), requires_grad=True)
+    with ag.no_grad():
+        y = ag.exp(w) * 2
+    assert not y.requires_grad and y.inputs == () and y._backward is None
+    assert ag.config.grad_enabled
+
+
+def test_tensor_keeps_the_dtype_it_was_given():
+    for dtype in (np.float16, np.float32, np.float64, np.int32):
+        assert ag.Tensor(np.zeros(2, dtype=dtype)).dtype == dtype
+
+
+def test_a_float32_tensor_times_a_python_number_stays_float32():
+    x = ag.Tensor(np.ones(2, dtype=np.float32), requires_grad=True)
+    y = ag.sum(x * 2.5 + 1 - 0.5)
+    assert y.dtype == np.float32
+    y.backward()
+    assert x.grad.dtype == np.float32
+
+
+def test_grads_take_the_dtype_of_their_tensor_under_promotion():
+    x = ag.Tensor(np.ones(2, dtype=np.float32), requires_grad=True)
+    ag.sum(x * ag.Tensor(np.ones(2))).backward()  # float32 * float64 -> float64 output
+    assert x.grad.dtype == np.float32
+
+
+def test_operators_match_the_functions(rng):
+    a = ag.Tensor(rng.standard_normal((3, 3)))
+    b = ag.Tensor(rng.standard_normal((3, 3)))
+    pairs = [(a + b, ag.add(a, b)), (a - b, ag.sub(a, b)), (a * b, ag.mul(a, b)),
+             (a / b, ag.div(a, b)), (a @ b, ag.matmul(a, b)), (-a, ag.neg(a)),
+             (a ** 2, ag.pow(a, 2)), (a.T, ag.transpose(a)), (a[1:], ag.getitem(a, slice(1, None))),
+             (2 - a, ag.sub(2, a)), (1 / b, ag.div(1, b)), (a.value @ b, ag.matmul(a.value, b))]
+    for op_result, fn_result in pairs:
+        np.testing.assert_array_equal(op_result.value, fn_result.value)
+
+
+def test_rematerializer_restores_a_discarded_value_for_backward(rng):
+    x = ag.Tensor(rng.standard_normal(4))
+    w = ag.Tensor(rng.standard_normal(4), requires_grad=True)
+    h = ag.exp(w * x)  # exp reads its output in backward
+    h.rematerializer = lambda: np.exp(w.value * x.value)
+    loss = ag.sum(h * 3)
+    assert h.value is None  # its consumer has run: not a checkpoint, so discarded
+    loss.backward()
+    np.testing.assert_allclose(w.grad, 3 * np.exp(w.value * x.value) * x.value)
+
+
+def test_a_rematerializer_returning_the_wrong_shape_names_the_tensor(rng):
+    w = ag.Tensor(rng.standard_normal(4), requires_grad=True)
+    h = ag.exp(w)
+    h.name = "h"
+    h.rematerializer = lambda: np.zeros(5)
+    loss = ag.sum(h)
+    with pytest.raises(ag.GraphError, match=r"tensor 'h'.*shape \(5,\).*expected shape \(4,\)"):
+        loss.backward()

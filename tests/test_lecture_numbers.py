@@ -1,0 +1,51 @@
+"""Every number the memory lecture puts on a slide, measured with tracemalloc."""
+import sys
+
+import numpy as np
+
+import ag
+from ag import demo
+
+
+def test_float64_1000x1000_array_holds_8_MB_of_data_plus_a_small_header():
+    a = np.zeros((1000, 1000))
+    assert a.nbytes == 8_000_000
+    assert 0 < sys.getsizeof(a) - a.nbytes <= 200
+
+
+def test_tracing_a_b_c_prints_16_MB(capsys):
+    ag.trace.print_trace_stats(demo.numpy_trace())
+    assert capsys.readouterr().out == "memory allocated: 16 MB\n"
+
+
+def test_tracing_with_b_set_to_none_prints_8_MB(capsys):
+    ag.trace.print_trace_stats(demo.numpy_trace(drop_b=True))
+    assert capsys.readouterr().out == "memory allocated: 8 MB\n"
+
+
+def test_eager_grads_add_64_MB_per_layer_at_batch_4000():
+    run = demo.matmul_chain(4000, 3, eager=True)
+    assert [s.allocated_mb for s in run.forward] == [64, 128, 192]
+    assert [s.allocated_bytes for s in run.forward] == [64_000_000 * k for k in (1, 2, 3)]
+
+
+def test_lazy_grads_add_only_the_value_per_layer_at_batch_4096():
+    run = demo.matmul_chain(4096, 5, eager=False)
+    assert [s.allocated_mb for s in run.forward] == [32, 65, 98, 131, 163]
+    assert [s.allocated_bytes for s in run.forward] == [32_768_000 * k for k in range(1, 6)]
+
+
+def test_lazy_backward_ends_holding_only_the_weight_grads():
+    run = demo.matmul_chain(4096, 5, eager=False)
+    weight_grads = 5 * 8_000_000
+    assert weight_grads <= run.backward[-1].allocated_bytes < weight_grads + 100  # + the loss scalar
+    # each step frees the grad and value of the layer it just finished
+    sizes = [s.allocated_bytes for s in run.backward]
+    assert sizes[1:] == sorted(sizes[1:], reverse=True)
+
+
+def test_eager_backward_keeps_every_value_and_grad():
+    run = demo.matmul_chain(4000, 3, eager=True)
+    sizes = {s.allocated_bytes for s in run.backward}
+    assert len(sizes) == 1
+    assert 192_000_000 <= sizes.pop() < 192_000_000 + 100  # + the loss scalar and its grad

@@ -1,0 +1,84 @@
+"""ag.trace: the lecture's tracing functions and the timeline."""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import ag
+from ag import trace
+
+
+def test_snapshot_counts_only_numpy_buffers_allocated_since_start():
+    before = np.ones(1000)
+    trace.start_trace()
+    after = np.ones(2000)
+    python_junk = [str(i) for i in range(1000)]
+    stats = trace.snapshot_trace()
+    trace.end_trace()
+    assert stats.allocated_bytes == after.nbytes
+    assert before is not None and python_junk
+
+
+def test_peak_catches_a_high_water_mark_between_snapshots():
+    trace.start_trace()
+    np.ones(1_000_000).sum()  # 8 MB, allocated and freed before any snapshot
+    stats = trace.snapshot_trace()
+    trace.end_trace()
+    assert stats.allocated_bytes < 1000
+    assert stats.peak_bytes >= 8_000_000
+
+
+def test_print_trace_stats_rounds_down_to_whole_megabytes(capsys):
+    trace.print_trace_stats(trace.Snapshot(allocated_bytes=32_999_999, peak_bytes=0))
+    assert capsys.readouterr().out == "memory allocated: 32 MB\n"
+
+
+def test_starting_twice_raises():
+    trace.start_trace()
+    with pytest.raises(trace.TraceError, match="already running"):
+        trace.start_trace()
+    trace.end_trace()
+
+
+def test_ending_without_a_start_raises():
+    with pytest.raises(trace.TraceError, match="not running"):
+        trace.end_trace()
+
+
+def test_a_users_own_tracemalloc_session_is_left_running_with_its_traces():
+    tracemalloc.start()
+    try:
+        mine = np.ones(100_000)
+        trace.start_trace()
+        ours = np.ones(1000)
+        stats = trace.snapshot_trace()
+        trace.end_trace()
+        assert tracemalloc.is_tracing()
+        assert stats.allocated_bytes == ours.nbytes  # not the 800 KB that came before
+        assert tracemalloc.get_object_traceback(mine) is not None
+    finally:
+        tracemalloc.stop()
+
+
+def test_tracing_records_a_labelled_snapshot_per_op_and_per_backward_step(rng):
+    x = ag.Tensor(rng.standard_normal((100, 10)))
+    w = ag.Tensor(rng.standard_normal((10, 10)), requires_grad=True, name="w")
+    with trace.tracing() as timeline:
+        loss = ag.sum(ag.relu(x @ w))
+        loss.backward()
+    assert [(s.phase, s.op) for s in timeline] == [
+        ("forward", "matmul"), ("forward", "relu"), ("forward", "sum"),
+        ("backward", "sum"), ("backward", "relu"), ("backward", "matmul")]
+    assert timeline[1].allocated_bytes == 2 * 100 * 10 * 8  # matmul output + relu output
+    assert timeline[-1].allocated_bytes - w.value.nbytes < 100  # only w's grad (and the loss) left
+    assert not trace.is_tracing()
+
+
+def test_backward_trace_returns_one_snapshot_per_step(rng):
+    w = ag.Tensor(rng.standard_normal(5), requires_grad=True)
+    loss = ag.sum(ag.exp(w) * 2)
+    trace.start_trace()
+    steps = loss.backward(trace=True)
+    trace.end_trace()
+    assert [s.op for s in steps] == ["sum", "mul", "exp"]
+    assert all(s.phase == "backward" for s in steps)
