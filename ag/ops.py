@@ -40,6 +40,8 @@ def _operands(op: str, a, b) -> tuple[Tensor, Tensor]:
 
 
 def _broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if all(shape == shapes[0] for shape in shapes):
+        return shapes[0]
     try:
         return np.broadcast_shapes(*shapes)
     except ValueError:

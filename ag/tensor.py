@@ -73,7 +73,7 @@ class Tensor:
                  rematerializer: Rematerializer | None = None, name: str | None = None):
         self.value = _as_array(value, name)
         self._shape, self._dtype = self.value.shape, self.value.dtype
-        floating = np.issubdtype(self._dtype, np.inexact)
+        floating = self._dtype.kind in "fc"
         if requires_grad and not floating:
             raise TypeError(f"Tensor {name or ''}: only floating-point tensors can require grad, "
                             f"got dtype {self._dtype}")
@@ -163,8 +163,8 @@ class Tensor:
 def _as_array(value, name: str | None) -> np.ndarray:
     if isinstance(value, Tensor):
         raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
-    array = np.asarray(value)
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+    array = value if type(value) is np.ndarray else np.asarray(value)
+    if array.dtype.kind not in "biufc":
         raise TypeError(f"Tensor {name or ''}: value must be numeric, got dtype {array.dtype} "
                         f"from {type(value).__name__}")
     return array
