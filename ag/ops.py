@@ -138,7 +138,10 @@ def pow(a, exponent: float) -> Tensor:
         raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
 
     def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad * (exponent * a.value ** (exponent - 1)))
+        if exponent == 0:  # a ** 0 is constant; a ** -1 at a = 0 would make 0 * inf = NaN
+            accumulate_grad(a, np.zeros_like(out.grad))
+        else:
+            accumulate_grad(a, out.grad * (exponent * a.value ** (exponent - 1)))
     return make_output(a.value ** exponent, "pow", (a,), _backward, saves=(a,))
 
 

@@ -1,5 +1,3 @@
-import gc
-
 import numpy as np
 import pytest
 
@@ -13,8 +11,7 @@ def rng():
 
 @pytest.fixture(autouse=True)
 def _clean_engine_state():
-    """Every test starts with grad enabled, lazy grads, no trace running, and no garbage."""
-    gc.collect()
+    """Every test leaves grad enabled, lazy grads and no trace running behind it."""
     yield
     if ag.trace.is_tracing():
         ag.trace.end_trace()
