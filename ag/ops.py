@@ -13,7 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .tensor import GraphError, Tensor, accumulate_grad, as_tensor, make_output
+from . import trace
+from .tensor import GraphError, Tensor, accumulate_grad, as_tensor, config, make_output
 
 
 class ShapeError(ValueError):
@@ -166,12 +167,19 @@ def matmul(a, b) -> Tensor:
         bv = b.value[:, None] if b.ndim == 1 else b.value
         g = out.grad.reshape(_matmul_shape(av.shape, bv.shape))
         if a.requires_grad:
-            ga = np.matmul(g, np.swapaxes(bv, -1, -2))
+            ga = _mm(g, np.swapaxes(bv, -1, -2))
             accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
         if b.requires_grad:
-            gb = np.matmul(np.swapaxes(av, -1, -2), g)
+            gb = _mm(np.swapaxes(av, -1, -2), g)
             accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
-    return make_output(np.matmul(a.value, b.value), "matmul", (a, b), _backward, saves=_needs(a, b))
+    return make_output(_mm(a.value, b.value), "matmul", (a, b), _backward, saves=_needs(a, b))
+
+
+def _mm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """np.matmul, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase."""
+    product = np.matmul(x, y)
+    trace.count_matmul(config.phase, 2 * product.size * x.shape[-1])
+    return product
 
 
 def _check_matmul(a: Tensor, b: Tensor) -> None:

@@ -36,6 +36,7 @@ class GraphError(RuntimeError):
 class _Config:
     grad_enabled = True
     eager_grads = False
+    phase = "forward"  # or "backward" inside a backward step, "recompute" inside a rematerializer
 
 
 config = _Config()
@@ -50,6 +51,16 @@ def no_grad() -> Iterator[None]:
         yield
     finally:
         config.grad_enabled = previous
+
+
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    previous = config.phase
+    config.phase = name
+    try:
+        yield
+    finally:
+        config.phase = previous
 
 
 @contextlib.contextmanager
@@ -308,7 +319,8 @@ def _run_step(node: Tensor) -> None:
             t.value = _rematerialize(t, node)
     _step.begin(node)
     try:
-        node._backward(node)
+        with _phase("backward"):
+            node._backward(node)
     finally:
         _step.end()
     for t in needed:
@@ -319,7 +331,7 @@ def _rematerialize(tensor: Tensor, consumer: Tensor) -> np.ndarray:
     if tensor.rematerializer is None:
         raise GraphError(f"backward of {consumer.op} needs the value of {tensor.describe()}, "
                          "which was discarded and has no rematerializer")
-    with no_grad():
+    with no_grad(), _phase("recompute"):
         value = tensor.rematerializer()
     value = value.value if isinstance(value, Tensor) else np.asarray(value)
     if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):

@@ -137,6 +137,47 @@ def record(phase: str, op: str, tensor: str | None) -> None:
             timeline.append(snap)
 
 
+@dataclass
+class OpCounts:
+    """Matrix products counted by phase: "forward", "recompute" (inside rematerializers), "backward"."""
+
+    matmuls: Counter = field(default_factory=Counter)
+    flops: Counter = field(default_factory=Counter)
+
+    @property
+    def total_matmuls(self) -> int:
+        return sum(self.matmuls.values())
+
+    def __str__(self) -> str:
+        phases = ("forward", "recompute", "backward")
+        parts = ", ".join(f"{p} {self.matmuls[p]}" for p in phases)
+        return f"matmuls: {parts} (total {self.total_matmuls}); FLOPs: {sum(self.flops.values()):,}"
+
+
+_counters: list[OpCounts] = []
+
+
+@contextlib.contextmanager
+def count_ops() -> Iterator[OpCounts]:
+    """Count every matrix product (2·m·n·k FLOPs each) run inside the block, by phase.
+
+    Only products count: elementwise ops are O(size) and vanish next to them.
+    """
+    counts = OpCounts()
+    _counters.append(counts)
+    try:
+        yield counts
+    finally:
+        _counters.remove(counts)
+
+
+def count_matmul(phase: str, flops: int) -> None:
+    """Called by the ops for every matrix product; a no-op unless ``count_ops`` is open."""
+    for counts in _counters:
+        counts.matmuls[phase] += 1
+        counts.flops[phase] += flops
+
+
 def _numpy_traces() -> Counter:
     snapshot = tracemalloc.take_snapshot()
     return Counter((t.size, t.traceback) for t in snapshot.traces if t.domain == NUMPY_DOMAIN)
