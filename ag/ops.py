@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from . import trace
-from .tensor import GraphError, Tensor, accumulate_grad, as_tensor, config, make_output
+from .tensor import Tensor, accumulate_grad, as_tensor, config, make_output, rematerialize
 
 
 class ShapeError(ValueError):
@@ -24,8 +24,7 @@ class ShapeError(ValueError):
 def _operand(op: str, x, like: Tensor | None = None) -> Tensor:
     if isinstance(x, Tensor):
         if x.value is None:
-            raise GraphError(f"{op}: the value of {x.describe()} was discarded; "
-                             "rematerialize it (or keep it as a checkpoint) before using it")
+            x.value = rematerialize(x, op)  # beamed back for this op, discarded again after it
         return x
     if isinstance(x, (int, float, bool, np.ndarray, np.number, list, tuple)):
         try:

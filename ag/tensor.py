@@ -316,7 +316,7 @@ def _run_step(node: Tensor) -> None:
     needed = node._saved + ((node,) if node._saves_output else ())
     for t in needed:
         if t.value is None:
-            t.value = _rematerialize(t, node)
+            t.value = rematerialize(t, f"backward of {node.op}")
     _step.begin(node)
     try:
         with _phase("backward"):
@@ -327,9 +327,10 @@ def _run_step(node: Tensor) -> None:
         discard_value_if_has_rematerializer(t)
 
 
-def _rematerialize(tensor: Tensor, consumer: Tensor) -> np.ndarray:
+def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
+    """Recompute a discarded value with the tensor's rematerializer, building no graph."""
     if tensor.rematerializer is None:
-        raise GraphError(f"backward of {consumer.op} needs the value of {tensor.describe()}, "
+        raise GraphError(f"{needed_by} needs the value of {tensor.describe()}, "
                          "which was discarded and has no rematerializer")
     with no_grad(), _phase("recompute"):
         value = tensor.rematerializer()

@@ -159,3 +159,15 @@ def test_a_rematerializer_returning_the_wrong_shape_names_the_tensor(rng):
     loss = ag.sum(h)
     with pytest.raises(ag.GraphError, match=r"tensor 'h'.*shape \(5,\).*expected shape \(4,\)"):
         loss.backward()
+
+
+def test_a_discarded_value_is_rematerialized_when_a_second_op_consumes_it(rng):
+    w = ag.Tensor(rng.standard_normal(4), requires_grad=True)
+    h = ag.exp(w)
+    h.rematerializer = lambda: np.exp(w.value)
+    first = ag.sum(h)          # consumes h: discarded
+    assert h.value is None
+    second = ag.sum(h * 2)     # beams it back, then discards it again
+    assert h.value is None
+    (first + second).backward()
+    np.testing.assert_allclose(w.grad, 3 * np.exp(w.value))

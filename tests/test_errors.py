@@ -62,7 +62,7 @@ def test_backward_after_the_graph_was_discarded():
 def test_using_a_discarded_value_in_forward_names_the_op():
     h = ag.exp(t(3))
     h.value = None
-    with pytest.raises(ag.GraphError, match="mul: the value of output of exp was discarded"):
+    with pytest.raises(ag.GraphError, match="mul needs the value of output of exp, which was discarded"):
         h * 2
 
 
