@@ -299,17 +299,16 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
     if not root.requires_grad:
         raise GraphError(f"backward: {root.describe()} does not require grad: no tensor it "
                          "depends on was created with requires_grad=True")
-    value = root._live_value("backward")
     if grad is None:
-        if value.size != 1:
-            raise GraphError(f"backward: {root.describe()} has shape {value.shape}; backward() "
+        if root.size != 1:
+            raise GraphError(f"backward: {root.describe()} has shape {root.shape}; backward() "
                              "without a grad argument needs a scalar (one element)")
-        return np.ones_like(value)
-    grad = np.asarray(grad, dtype=value.dtype)
-    if grad.shape != value.shape:
+        return np.ones(root.shape, dtype=root.dtype)
+    grad = np.array(grad, dtype=root.dtype)
+    if grad.shape != root.shape:
         raise GraphError(f"backward: grad of shape {grad.shape} does not match "
-                         f"{root.describe()} of shape {value.shape}")
-    return grad.copy()
+                         f"{root.describe()} of shape {root.shape}")
+    return grad
 
 
 def _run_step(node: Tensor) -> None:
