@@ -209,8 +209,24 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
             t._needed_by += 1
     for t in inputs:
         discard_value_if_has_rematerializer(t)
+    if _recorders:
+        _recorders[-1].append(output)
     trace.record("forward", op, output.name)
     return output
+
+
+_recorders: list[list[Tensor]] = []
+
+
+@contextlib.contextmanager
+def record_tensors() -> Iterator[list[Tensor]]:
+    """Collect, in order, every Tensor that an op creates inside the block (with or without grad)."""
+    created: list[Tensor] = []
+    _recorders.append(created)
+    try:
+        yield created
+    finally:
+        _recorders.remove(created)
 
 
 def discard_value_if_has_rematerializer(tensor: Tensor) -> None:
@@ -323,7 +339,9 @@ def _run_step(node: Tensor) -> None:
     finally:
         _step.end()
     for t in needed:
-        discard_value_if_has_rematerializer(t)
+        t._needed_by -= 1
+        if t._needed_by <= 0:  # no backward step left that reads it
+            discard_value_if_has_rematerializer(t)
 
 
 def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
