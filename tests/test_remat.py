@@ -143,3 +143,150 @@ def test_a_layer_that_replays_differently_is_reported(weights, x_value):
     loss = ag.sum(remat.sequential([moody, _layers(weights)[0]], ag.Tensor(x_value, requires_grad=True), []))
     with pytest.raises(ag.GraphError, match="replay of layer 0 made 2 tensors where the forward made 1"):
         loss.backward()
+
+
+# ---- plan and predict ----
+
+def test_plan_none_keeps_everything_and_all_keeps_nothing():
+    assert remat.plan(10, "none") == list(range(10))
+    assert remat.plan(10, "all") == []
+
+
+def test_plan_uniform_keeps_the_input_of_every_block_of_num_layers():
+    assert remat.plan(10, "uniform", num_layers=3) == [2, 5, 8]
+    assert remat.plan(12, "uniform", num_layers=4) == [3, 7]  # the chain's output starts no block
+
+
+def test_plan_block_recomputes_only_the_first_num_layers():
+    assert remat.plan(10, "block", num_layers=4) == [3, 4, 5, 6, 7, 8, 9]
+
+
+def test_plan_sqrt_keeps_every_floor_sqrt_n_th_output():
+    assert remat.plan(64, "sqrt") == [7, 15, 23, 31, 39, 47, 55]
+    assert remat.plan(10, "sqrt") == [2, 5, 8]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(strategy="fastest"), "unknown strategy 'fastest'"),
+    (dict(strategy="uniform"), "needs num_layers in 1..10"),
+    (dict(strategy="optimal"), "needs chain="),
+])
+def test_plan_refuses_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        remat.plan(10, **kwargs)
+
+
+def _random_profile(seed, n):
+    rng = np.random.default_rng(seed)
+    return remat.ChainProfile(tuple(int(v) for v in rng.integers(1, 10, n) * 1000),
+                              tuple(int(v) for v in rng.integers(1, 10, n)))
+
+
+def _brute_force(profile, budget):
+    import itertools
+    best = None
+    for r in range(profile.n + 1):
+        for kept in itertools.combinations(range(profile.n), r):
+            cost = remat.predict(profile, kept)
+            if cost.peak_bytes <= budget and (best is None or cost.recompute_flops < best):
+                best = cost.recompute_flops
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimal_matches_brute_force_on_small_heterogeneous_chains(seed):
+    profile = _random_profile(seed, 9)
+    full = remat.predict(profile, range(9)).peak_bytes
+    for budget in np.linspace(full * 0.5, full, 8).astype(int):
+        best = _brute_force(profile, budget)
+        if best is None:
+            with pytest.raises(ValueError, match="no checkpoint plan"):
+                remat.plan(9, "optimal", chain=profile, budget_bytes=budget)
+            continue
+        kept = remat.plan(9, "optimal", chain=profile, budget_bytes=budget)
+        cost = remat.predict(profile, kept)
+        assert cost.peak_bytes <= budget and cost.recompute_flops == best
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_optimal_is_never_worse_than_sqrt_or_greedy_at_the_same_budget(seed):
+    n = 40
+    profile = _random_profile(seed, n)
+    candidates = [remat.plan(n, "sqrt")]
+    budgets = sorted({remat.predict(profile, k).peak_bytes for k in candidates} |
+                     set(np.linspace(remat.predict(profile, []).peak_bytes * 0.6,
+                                     remat.predict(profile, range(n)).peak_bytes, 12).astype(int)))
+    for budget in budgets:
+        rivals = [k for k in candidates if remat.predict(profile, k).peak_bytes <= budget]
+        try:
+            rivals.append(remat.plan(n, "greedy", chain=profile, budget_bytes=budget))
+        except ValueError:
+            pass
+        if not rivals:
+            continue
+        optimal = remat.predict(profile, remat.plan(n, "optimal", chain=profile, budget_bytes=budget))
+        assert optimal.peak_bytes <= budget
+        for rival in rivals:
+            assert optimal.recompute_flops <= remat.predict(profile, rival).recompute_flops
+
+
+def test_predict_counts_the_lectures_45_recomputed_layers_for_all_in_tensor_mode():
+    cost = remat.predict([1] * 10, [], mode="tensor")
+    assert cost.recompute_layers == 45
+
+
+def test_predict_counts_one_extra_forward_for_segment_mode():
+    cost = remat.predict([1] * 10, remat.plan(10, "sqrt"))
+    assert cost.recompute_layers == 9 - 3  # x_0..x_8 are read by backward; 2, 5, 8 are kept
+
+
+# ---- measured against predicted ----
+
+MEASURE_N, MEASURE_B, MEASURE_D = 16, 2048, 64  # activations 1 MB each, weights 32 KB
+
+
+@pytest.fixture(scope="module")
+def matmul_chain():
+    rng = np.random.default_rng(3)
+    weights = [ag.Tensor(rng.standard_normal((MEASURE_D, MEASURE_D)) / 8, requires_grad=True)
+               for _ in range(MEASURE_N)]
+    layers = [lambda h, w=w: h @ w for w in weights]
+    x = ag.Tensor(rng.standard_normal((MEASURE_B, MEASURE_D)))
+    ag.sum(remat.sequential(layers, x, list(range(MEASURE_N)))).backward()  # weights' grads exist now
+    return layers, x
+
+
+def measured_peak(layers, x, checkpoints, mode):
+    ag.trace.start_trace()
+    loss = ag.sum(remat.sequential(layers, x, checkpoints, mode=mode))
+    loss.backward()
+    peak = ag.trace.snapshot_trace().peak_bytes
+    ag.trace.end_trace()
+    return peak
+
+
+@pytest.mark.parametrize("strategy, options", [
+    ("none", {}), ("all", {}), ("sqrt", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 6})])
+def test_predicted_peak_is_within_5_percent_of_tracemalloc(matmul_chain, strategy, options):
+    layers, x = matmul_chain
+    kept = remat.plan(MEASURE_N, strategy, **options)
+    mode = remat.mode_for(strategy)
+    predicted = remat.predict(remat.profile(layers, x), kept, mode=mode).peak_bytes
+    assert measured_peak(layers, x, kept, mode) == pytest.approx(predicted, rel=0.05)
+
+
+def test_measured_peaks_order_none_above_uniform_and_sqrt_above_all(matmul_chain):
+    layers, x = matmul_chain
+    peak = {s: measured_peak(layers, x, remat.plan(MEASURE_N, s, **o), remat.mode_for(s))
+            for s, o in [("none", {}), ("uniform", {"num_layers": 4}), ("sqrt", {}), ("all", {})]}
+    assert peak["none"] > peak["uniform"] > peak["all"]
+    assert peak["none"] > peak["sqrt"] > peak["all"]
+
+
+def test_the_optimal_plan_stays_under_its_budget_when_measured(matmul_chain):
+    layers, x = matmul_chain
+    profile = remat.profile(layers, x)
+    budget = remat.predict(profile, range(MEASURE_N)).peak_bytes // 2
+    kept = remat.plan(MEASURE_N, "optimal", chain=profile, budget_bytes=budget)
+    # the model leaves out the weights' transient grads (32 KB each): allow that much
+    assert measured_peak(layers, x, kept, "segment") <= budget + 2 * MEASURE_D * MEASURE_D * 8
