@@ -226,7 +226,7 @@ def record_tensors() -> Iterator[list[Tensor]]:
     try:
         yield created
     finally:
-        _recorders.remove(created)
+        _recorders[:] = [r for r in _recorders if r is not created]  # by identity: empty lists are equal
 
 
 def discard_value_if_has_rematerializer(tensor: Tensor) -> None:

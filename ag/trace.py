@@ -125,7 +125,7 @@ def tracing() -> Iterator[list[Snapshot]]:
     try:
         yield timeline
     finally:
-        _timelines.remove(timeline)
+        _timelines[:] = [t for t in _timelines if t is not timeline]  # by identity, not ==
         end_trace()
 
 
@@ -137,7 +137,7 @@ def record(phase: str, op: str, tensor: str | None) -> None:
             timeline.append(snap)
 
 
-@dataclass
+@dataclass(eq=False)
 class OpCounts:
     """Matrix products counted by phase: "forward", "recompute" (inside rematerializers), "backward"."""
 
@@ -168,7 +168,7 @@ def count_ops() -> Iterator[OpCounts]:
     try:
         yield counts
     finally:
-        _counters.remove(counts)
+        _counters[:] = [c for c in _counters if c is not counts]
 
 
 def count_matmul(phase: str, flops: int) -> None:

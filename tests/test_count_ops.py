@@ -34,3 +34,12 @@ def test_products_inside_a_rematerializer_count_as_recompute(rng):
         (ag.sum(h * h)).backward()  # mul's backward reads h, discarded after mul ran
     assert counts.matmuls == {"forward": 1, "recompute": 1, "backward": 1}
     np.testing.assert_allclose(w.grad, x.T @ (2 * (x @ w.value)))
+
+
+def test_nested_counters_each_see_their_own_block(rng):
+    w = ag.Tensor(rng.standard_normal((3, 3)))
+    with ag.count_ops() as outer:
+        with ag.count_ops() as inner:
+            w @ w
+        w @ w
+    assert inner.total_matmuls == 1 and outer.total_matmuls == 2

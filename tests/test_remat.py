@@ -290,3 +290,34 @@ def test_the_optimal_plan_stays_under_its_budget_when_measured(matmul_chain):
     kept = remat.plan(MEASURE_N, "optimal", chain=profile, budget_bytes=budget)
     # the model leaves out the weights' transient grads (32 KB each): allow that much
     assert measured_peak(layers, x, kept, "segment") <= budget + 2 * MEASURE_D * MEASURE_D * 8
+
+
+# ---- dynamic eviction ----
+
+def test_dynamic_gradients_are_bit_identical_and_it_recomputes_under_a_tight_budget(weights, x_value):
+    x = ag.Tensor(x_value, requires_grad=True)
+    ag.sum(remat.sequential(_layers(weights), x, list(range(N_LAYERS)))).backward()
+    expected = grads(weights) + [x.grad.copy()]
+    act = BATCH * WIDTH * 8
+    for budget in (100 * act, 4 * act, 2 * act):
+        for t in [*weights, x]:
+            t.zero_grad()
+        with ag.count_ops() as counts:
+            ag.sum(remat.dynamic(_layers(weights), x, budget)).backward()
+        for got, want in zip(grads(weights) + [x.grad], expected):
+            np.testing.assert_array_equal(got, want)
+        assert (counts.matmuls["recompute"] > 0) == (budget < N_LAYERS * act)
+
+
+def test_dynamic_peak_follows_its_budget(matmul_chain):
+    layers, x = matmul_chain
+    act = MEASURE_B * MEASURE_D * 8
+    peaks = []
+    for budget in (16 * act, 8 * act, 4 * act):
+        ag.trace.start_trace()
+        ag.sum(remat.dynamic(layers, x, budget)).backward()
+        peaks.append(ag.trace.snapshot_trace().peak_bytes)
+        ag.trace.end_trace()
+        # the budget holds the chain's resident activations; the step's grads come on top
+        assert peaks[-1] <= budget + 4 * act
+    assert peaks[0] > peaks[1] > peaks[2]
