@@ -6,12 +6,16 @@ import sys
 
 DEMOS = {
     "memory": "array sizes, tracemalloc, lazy and discarded grads (the lecture's tables)",
+    "remat": "every checkpoint strategy on a 10-layer chain: peak MB, matmuls by phase, plots",
 }
 
 
 def _demo(args: argparse.Namespace) -> int:
     from . import demo
-    getattr(demo, args.name)()
+    if args.name == "memory":
+        demo.memory()
+    elif args.name == "remat":
+        demo.remat_demo(args.out)
     return 0
 
 
@@ -24,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Run a lecture demo: " + "; ".join(
                                    f"{k}: {v}" for k, v in DEMOS.items()))
     demo.add_argument("name", choices=sorted(DEMOS), help="which demo")
+    demo.add_argument("--out", default="ag-plots", help="folder for the plots (default: ag-plots)")
     demo.set_defaults(run=_demo)
     return parser
 

@@ -100,3 +100,88 @@ def memory() -> None:
           f"after {after.backward[-1].peak_bytes // trace.MB} MB")
     print("   after: each intermediate's grad is freed once its own backward step has run,")
     print("   and its value once nothing left in the graph reads it.")
+
+
+@dataclass
+class RematRun:
+    """One strategy on the lecture's chain: its plan, peak, products by phase, time and timeline."""
+
+    strategy: str
+    checkpoints: list[int]
+    mode: str
+    peak_bytes: int
+    predicted_peak_bytes: int
+    counts: object
+    seconds: float
+    timeline: list[trace.Snapshot]
+
+
+def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed: int = 0,
+                     dtype=np.float32) -> list[RematRun]:
+    """Every checkpoint strategy on a chain of ``x = ag.matmul(x, w)`` layers, measured."""
+    import time
+
+    from . import remat
+    from .trace import count_ops
+    rng = np.random.default_rng(seed)
+    weights = [Tensor((rng.standard_normal((width, width)) / np.sqrt(width)).astype(dtype), requires_grad=True)
+               for _ in range(n_layers)]
+    layers = [lambda h, w=w: matmul(h, w) for w in weights]
+    x = Tensor(rng.standard_normal((batch, width)).astype(dtype))
+    profile = remat.profile(layers, x)
+    budget = remat.predict(profile, remat.plan(n_layers, "sqrt")).peak_bytes  # greedy, optimal: same budget
+    plans = {
+        "none": remat.plan(n_layers, "none"),
+        "uniform (2)": remat.plan(n_layers, "uniform", num_layers=2),
+        "block (5)": remat.plan(n_layers, "block", num_layers=5),
+        "sqrt": remat.plan(n_layers, "sqrt"),
+        "greedy": remat.plan(n_layers, "greedy", chain=profile, budget_bytes=budget),
+        "optimal": remat.plan(n_layers, "optimal", chain=profile, budget_bytes=budget),
+        "all": remat.plan(n_layers, "all"),
+    }
+    runs = []
+    for name, kept in plans.items():
+        mode = remat.mode_for(name.split()[0])
+        sum(remat.sequential(layers, x, kept, mode=mode)).backward()  # warm-up; weights' grads exist
+        start = time.perf_counter()
+        sum(remat.sequential(layers, x, kept, mode=mode)).backward()
+        seconds = time.perf_counter() - start
+        with trace.tracing() as timeline, count_ops() as counts:
+            sum(remat.sequential(layers, x, kept, mode=mode)).backward()
+        runs.append(RematRun(name, kept, mode, max(s.peak_bytes for s in timeline),
+                             remat.predict(profile, kept, mode=mode).peak_bytes, counts, seconds, timeline))
+    return runs
+
+
+def remat_demo(out_dir: str = "ag-plots") -> None:
+    """Print the strategy table for the lecture's 10-layer chain and write its two plots."""
+    import os
+    runs = remat_strategies()
+    print("Rematerialization on 10 layers of x = ag.matmul(x, w): batch 512, width 1000, float32")
+    print("(peak: tracemalloc over forward + backward; pred: ag.remat.predict, which counts activations")
+    print(" and their grads: the measured peak also holds one weight's grad in flight, 4 MB)")
+    print()
+    header = f"{'strategy':<12} {'kept outputs':<24} {'mode':<8} {'peak MB':>8} {'pred MB':>8} " \
+             f"{'fwd':>4} {'recomp':>6} {'bwd':>4} {'ms':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in runs:
+        m = r.counts.matmuls
+        print(f"{r.strategy:<12} {str(r.checkpoints):<24} {r.mode:<8} {r.peak_bytes / trace.MB:8.1f} "
+              f"{r.predicted_peak_bytes / trace.MB:8.1f} {m['forward']:4d} {m['recompute']:6d} "
+              f"{m['backward']:4d} {r.seconds * 1e3:7.1f}")
+    print()
+    print("matmuls: the lecture counts 30 without and 75 with full recomputation because it also")
+    print("computes the input's grad; ag skips it (the input needs none), so 29 and 74.")
+    try:
+        from . import plot
+        os.makedirs(out_dir, exist_ok=True)
+        timeline_path = os.path.join(out_dir, "remat_timeline.png")
+        tradeoff_path = os.path.join(out_dir, "remat_tradeoff.png")
+        plot.memory_timeline({r.strategy: r.timeline for r in runs}, path=timeline_path,
+                             title="Memory over one training step, by strategy")
+        plot.tradeoff({r.strategy: (r.peak_bytes, r.counts.flops["recompute"]) for r in runs},
+                      path=tradeoff_path, title="Peak memory against recomputation")
+        print(f"plots written: {timeline_path}, {tradeoff_path}")
+    except ImportError as error:
+        print(f"plots skipped: {error}")
