@@ -1,7 +1,7 @@
 """ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
 from . import remat, trace
 from .trace import count_ops
-from .ops import (ShapeError, add, concat, div, exp, gelu, getitem, log, log_softmax, logsumexp,
+from .ops import (ShapeError, add, concat, div, exp, gelu, getitem, linear, log, log_softmax, logsumexp,
                   matmul, max, mean, mul, neg, pow, relu, reshape, sigmoid, softmax, sqrt, sub,
                   sum, tanh, transpose, where)
 from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
@@ -15,6 +15,6 @@ __all__ = [
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output",
     "discard_value_if_has_rematerializer", "release_unneeded",
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",
-    "sqrt", "relu", "tanh", "sigmoid", "gelu", "reshape", "transpose", "getitem", "concat",
+    "sqrt", "relu", "tanh", "sigmoid", "gelu", "linear", "reshape", "transpose", "getitem", "concat",
     "softmax", "log_softmax", "logsumexp", "where",
 ]

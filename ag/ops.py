@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from . import trace
-from .tensor import Tensor, accumulate_grad, as_tensor, config, make_output, rematerialize
+from .tensor import (Tensor, accumulate_grad, as_tensor, config, grad_to_overwrite, make_output,
+                     rematerialize)
 
 
 class ShapeError(ValueError):
@@ -164,7 +165,7 @@ def matmul(a, b) -> Tensor:
     def _backward(out: Tensor) -> None:
         av = a.value[None, :] if a.ndim == 1 else a.value
         bv = b.value[:, None] if b.ndim == 1 else b.value
-        g = out.grad.reshape(_matmul_shape(av.shape, bv.shape))
+        g = out.grad if a.ndim > 1 and b.ndim > 1 else out.grad.reshape(_matmul_shape(av.shape, bv.shape))
         if a.requires_grad:
             ga = _mm(g, np.swapaxes(bv, -1, -2))
             accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
@@ -172,6 +173,36 @@ def matmul(a, b) -> Tensor:
             gb = _mm(np.swapaxes(av, -1, -2), g)
             accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
     return make_output(_mm(a.value, b.value), "matmul", (a, b), _backward, saves=_needs(a, b))
+
+
+def linear(x, w, b=None) -> Tensor:
+    """out = x @ w + b in one buffer (as torch's addmm);  dx = dout @ w^T,  dw = x^T @ dout,
+    db = Σ dout over all but the last axis."""
+    x, w = _operands("linear", x, w)
+    if w.ndim != 2 or x.ndim < 1:
+        raise ShapeError(f"linear: weight must be 2-D (in, out) and x at least 1-D, got shapes "
+                         f"{x.shape} and {w.shape}")
+    _check_matmul(x, w)
+    if b is not None:
+        b = _operand("linear", b, x)
+        if b.shape != (w.shape[1],):
+            raise ShapeError(f"linear: bias of shape {b.shape} does not match weight {w.shape}: "
+                             f"expected ({w.shape[1]},)")
+
+    def _backward(out: Tensor) -> None:
+        g = out.grad
+        if x.requires_grad:
+            accumulate_grad(x, _mm(g, w.value.T))
+        if w.requires_grad:
+            rows = x.value.reshape(-1, x.shape[-1])
+            accumulate_grad(w, _mm(rows.T, g.reshape(-1, g.shape[-1])))
+        if b is not None and b.requires_grad:
+            accumulate_grad(b, g.reshape(-1, g.shape[-1]).sum(axis=0))
+    value = _mm(x.value, w.value)
+    if b is not None:
+        value += b.value
+    inputs = (x, w) if b is None else (x, w, b)
+    return make_output(value, "linear", inputs, _backward, saves=_needs(x, w))
 
 
 def _mm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -190,6 +221,8 @@ def _check_matmul(a: Tensor, b: Tensor) -> None:
     if k_a != k_b:
         raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} do not align: the last "
                          f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
+    if a.ndim <= 2 and b.ndim <= 2:
+        return
     try:
         np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
@@ -330,7 +363,9 @@ def relu(a) -> Tensor:
     a = _operand("relu", a)
 
     def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad * (out.value > 0))
+        g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
+        np.multiply(g, out.value > 0, out=g)
+        accumulate_grad(a, g)
     return make_output(np.maximum(a.value, 0), "relu", (a,), _backward, saves_output=True)
 
 

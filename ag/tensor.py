@@ -197,11 +197,11 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
     ``saves`` lists the inputs whose ``.value`` the backward reads, ``saves_output``
     says it reads the output's own value: rematerialization restores exactly those.
     """
-    requires_grad = config.grad_enabled and any(t.requires_grad for t in inputs)
-    output = Tensor(value, requires_grad=requires_grad)
+    grad_inputs = tuple([t for t in inputs if t.requires_grad]) if config.grad_enabled else ()
+    output = Tensor(value, requires_grad=bool(grad_inputs))
     output.op = op
-    if requires_grad:
-        output.inputs = tuple(t for t in inputs if t.requires_grad)
+    if grad_inputs:
+        output.inputs = grad_inputs
         output._backward = backward
         output._saved = tuple(saves)
         output._saves_output = saves_output
@@ -417,6 +417,14 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     # sum straight into a fresh buffer, so the result is nobody's view and can become a .grad
     np.sum(grad, axis=axes, keepdims=True, out=summed.reshape((1,) * extra + shape))
     return summed
+
+
+def grad_to_overwrite(output: Tensor) -> np.ndarray:
+    """``output.grad`` itself when nothing will read it after this step, else a copy: an op may
+    then compute its input's grad in place (``g *= mask``) and hand it to one input."""
+    if _step.may_donate and _step.output_grad is output.grad:
+        return output.grad
+    return output.grad.copy()
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:

@@ -118,3 +118,8 @@ def test_pow_needs_a_number_exponent():
 def test_a_tensor_cannot_wrap_a_tensor():
     with pytest.raises(TypeError, match="already a Tensor"):
         ag.Tensor(t(2))
+
+
+def test_linear_with_a_bias_of_the_wrong_size():
+    with pytest.raises(ag.ShapeError, match=r"linear: bias of shape \(3,\) does not match weight \(4, 2\)"):
+        ag.linear(t(5, 4), t(4, 2), t(3))

@@ -339,3 +339,17 @@ def test_pow_zero_has_zero_gradient_even_at_zero():
     a = ag.Tensor(np.array([0.0, 1.0, -2.0]), requires_grad=True)
     ag.sum(a ** 0).backward()
     np.testing.assert_array_equal(a.grad, [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("x_shape", [(5, 3), (2, 4, 3), (3,)])
+def test_linear_grad_matches_finite_differences(x_shape):
+    grad_check(ag.linear, normal(*x_shape, seed=1), normal(3, 2, seed=2), normal(2, seed=3))
+    grad_check(lambda x, w: ag.linear(x, w), normal(*x_shape, seed=1), normal(3, 2, seed=2))
+
+
+def test_relu_backward_in_place_leaves_a_retained_output_grad_alone():
+    x = ag.Tensor(np.array([-1.0, 2.0, 3.0]), requires_grad=True)
+    y = ag.relu(x).retain_grad()
+    ag.sum(y * np.array([5.0, 6.0, 7.0])).backward()
+    np.testing.assert_array_equal(y.grad, [5.0, 6.0, 7.0])
+    np.testing.assert_array_equal(x.grad, [0.0, 6.0, 7.0])

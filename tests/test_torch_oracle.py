@@ -311,3 +311,10 @@ def test_random_graphs_that_reuse_tensors_and_views_match_torch(seed):
             return nodes[-1] + nodes[-3] * nodes[len(nodes) // 2]
         return f
     torch_check(build(ag), build(torch), normal((4, 4), seed), normal((4, 4), seed + 10))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("x_shape", [(5, 3), (2, 4, 3)])
+def test_linear_matches_torch(x_shape, seed):
+    torch_check(ag.linear, lambda x, w, b: F.linear(x, w.T, b),
+                normal(x_shape, seed), normal((3, 2), seed + 1), normal((2,), seed + 2))

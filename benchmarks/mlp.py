@@ -1,0 +1,367 @@
+"""Time and memory of one training step of a ReLU MLP: ag against PyTorch CPU eager.
+
+The model: ``n_layers`` Linear layers (``h @ w + b``, width ``width``), ReLU between them,
+loss = mean of the last output; one step = forward + backward into every weight and bias.
+
+    python benchmarks/mlp.py            # batch 4096, width 1000, 10 layers, float32 and float64
+    python benchmarks/mlp.py --quick    # a smaller model, a few seconds
+
+Time is the median (and the best) of ``--repeats`` steps after a warm-up, ag and torch
+taking turns in the same process, so that drift in the machine's speed hits both alike.
+``--profile`` shows where a step's time goes instead (cProfile for ag, torch.profiler).
+
+Memory is measured in a fresh subprocess per framework and dtype, the same way for both:
+the peak resident set (VmHWM, reset through /proc/self/clear_refs) during one step minus
+the resident set just before it, with glibc's mmap threshold fixed so that every large
+array is mapped on allocation and unmapped on free (RSS then follows the live bytes).
+ag's step is also measured with tracemalloc (``ag.trace``), which cannot see torch's allocations.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ag  # noqa: E402
+
+MB = 10**6
+TIME_GOAL = 1.10  # ag / torch
+MEMORY_GOAL = 1.00
+MEMORY_RESOLUTION = 0.005  # RSS peaks of the same step differ by ~0.1 MB in 184 MB between runs
+
+
+# ---- the model, the same weights for both frameworks ----
+
+def make_data(batch: int, width: int, n_layers: int, dtype, seed: int = 0):
+    """Input x (batch, width) and ``n_layers`` pairs w (in, out), b (out,), He-initialised."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, width)).astype(dtype)
+    params = [((rng.standard_normal((width, width)) * np.sqrt(2 / width)).astype(dtype),
+               (rng.standard_normal(width) * 0.01).astype(dtype)) for _ in range(n_layers)]
+    return x, params
+
+
+class AgMLP:
+    """The MLP in ag: after each layer, ``release_unneeded`` drops what no backward step reads."""
+
+    def __init__(self, x: np.ndarray, params) -> None:
+        self.x = ag.Tensor(x)
+        self.params = [(ag.Tensor(w.copy(), requires_grad=True), ag.Tensor(b.copy(), requires_grad=True))
+                       for w, b in params]
+
+    def zero_grad(self) -> None:
+        for w, b in self.params:
+            w.zero_grad()
+            b.zero_grad()
+
+    def step(self) -> float:
+        self.zero_grad()
+        h = self.x
+        for i, (w, b) in enumerate(self.params):
+            z = ag.linear(h, w, b)  # one buffer, like torch.nn.Linear (addmm)
+            out = ag.relu(z) if i < len(self.params) - 1 else z
+            ag.release_unneeded([out], [h])
+            h = out
+        loss = ag.mean(h)
+        ag.release_unneeded([loss], [self.x])
+        loss.backward()
+        return loss.item()
+
+    def grads(self) -> list[np.ndarray]:
+        return [g for w, b in self.params for g in (w.grad, b.grad)]
+
+
+class TorchMLP:
+    """The same MLP in PyTorch eager: ``torch.nn.Linear`` layers holding the same weights."""
+
+    def __init__(self, x: np.ndarray, params) -> None:
+        import torch
+        self.torch = torch
+        self.x = torch.from_numpy(x.copy())
+        self.layers = []
+        for w, b in params:
+            layer = torch.nn.Linear(w.shape[0], w.shape[1], dtype=self.x.dtype)
+            with torch.no_grad():
+                layer.weight.copy_(torch.from_numpy(w.T.copy()))
+                layer.bias.copy_(torch.from_numpy(b))
+            self.layers.append(layer)
+
+    def zero_grad(self) -> None:
+        for layer in self.layers:
+            layer.weight.grad = None
+            layer.bias.grad = None
+
+    def step(self) -> float:
+        self.zero_grad()
+        loss = self._forward().mean()
+        loss.backward()
+        return loss.item()
+
+    def _forward(self):
+        h = self.x
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = self.torch.relu(h)
+        return h
+
+    def grads(self) -> list[np.ndarray]:
+        return [g for layer in self.layers
+                for g in (layer.weight.grad.numpy().T, layer.bias.grad.numpy())]
+
+
+# ---- time ----
+
+def time_steps(models: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per step of each model, the models taking turns (warm them up first)."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, step in models.items():
+            gc.collect()
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def check_same_result(a: AgMLP, t: TorchMLP) -> float:
+    """Largest relative difference between ag's and torch's grads, after one step each."""
+    loss_a, loss_t = a.step(), t.step()
+    worst = abs(loss_a - loss_t) / max(abs(loss_t), 1e-30)
+    for ga, gt in zip(a.grads(), t.grads()):
+        worst = max(worst, float(np.max(np.abs(ga - gt)) / max(np.max(np.abs(gt)), 1e-30)))
+    return worst
+
+
+# ---- memory, in a fresh subprocess per framework and dtype ----
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def rss_peak_of(step: Callable[[], float]) -> tuple[int, int]:
+    """(peak RSS growth, RSS still grown after) in bytes, during one call of ``step``."""
+    gc.collect()
+    before = _status_kb("VmRSS")
+    _reset_peak_rss()
+    step()
+    peak = _status_kb("VmHWM")
+    after = _status_kb("VmRSS")
+    return (peak - before) * 1024, (after - before) * 1024
+
+
+def memory_worker(framework: str, dtype: str, batch: int, width: int, n_layers: int) -> dict:
+    x, params = make_data(batch, width, n_layers, np.dtype(dtype))
+    model = AgMLP(x, params) if framework == "ag" else TorchMLP(x, params)
+    del x, params
+    model.step()  # warm-up: BLAS buffers, thread pools, lazy initialisation
+    model.zero_grad()
+    result = {}
+    result["rss_peak"], result["rss_after"] = rss_peak_of(model.step)
+    if framework == "ag":
+        model.zero_grad()
+        gc.collect()
+        ag.trace.start_trace()
+        try:
+            model.step()
+            result["tracemalloc_peak"] = ag.trace.snapshot_trace().peak_bytes
+        finally:
+            ag.trace.end_trace()
+    return result
+
+
+def measure_memory(framework: str, dtype: str, args) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, dtype,
+           "--batch", str(args.batch), "--width", str(args.width), "--layers", str(args.layers)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory worker for {framework} {dtype} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---- the machine ----
+
+def numpy_blas_threads() -> tuple[int, str]:
+    """(threads, how we know) for NumPy's BLAS: threadpoolctl, else OpenBLAS itself, else os.cpu_count."""
+    try:
+        import threadpoolctl
+        info = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if info:
+            return info[0]["num_threads"], f"threadpoolctl ({info[0].get('internal_api')})"
+    except ImportError:
+        pass
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in glob.glob(os.path.join(libdir, "*openblas*")):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                     "openblas_get_num_threads"):
+            if hasattr(lib, name):
+                return getattr(lib, name)(), f"OpenBLAS {name}()"
+    return os.cpu_count() or 1, "os.cpu_count() (threadpoolctl not installed)"
+
+
+def numpy_blas_name() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # noqa: BLE001 (older NumPy has no dict mode)
+        return "unknown"
+
+
+def machine_lines() -> list[str]:
+    import platform
+
+    import torch
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    threads, how = numpy_blas_threads()
+    return [
+        f"CPU: {cpu}, {os.cpu_count()} logical CPUs",
+        f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {numpy_blas_name()}), "
+        f"torch {torch.__version__}",
+        f"threads: numpy BLAS {threads} [{how}], torch.get_num_threads() {torch.get_num_threads()}",
+    ]
+
+
+# ---- tables ----
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    print(f"\n{title}\n")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
+
+
+def verdict(ratio: float, goal: float, resolution: float = 0.0) -> str:
+    return "met" if ratio <= goal + resolution else "NOT met"
+
+
+def time_row(dtype: str, args) -> list[str]:
+    x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
+    a, t = AgMLP(x, params), TorchMLP(x, params)
+    del x, params
+    worst = check_same_result(a, t)  # also the warm-up step of each
+    times = time_steps({"ag": a.step, "torch": t.step}, args.repeats)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    best = {name: min(ts) for name, ts in times.items()}
+    ratio = med["ag"] / med["torch"]
+    return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", f"{ratio:.2f}",
+            verdict(ratio, TIME_GOAL), f"{best['ag'] * 1e3:.0f}", f"{best['torch'] * 1e3:.0f}",
+            f"{best['ag'] / best['torch']:.2f}", f"{worst:.1e}"]
+
+
+def memory_row(dtype: str, args) -> list[str]:
+    mem_a, mem_t = measure_memory("ag", dtype, args), measure_memory("torch", dtype, args)
+    ratio = mem_a["rss_peak"] / mem_t["rss_peak"]
+    return [dtype, f"{mem_a['tracemalloc_peak'] / MB:.1f}", f"{mem_a['rss_peak'] / MB:.1f}",
+            f"{mem_t['rss_peak'] / MB:.1f}", f"{ratio:.3f}", verdict(ratio, MEMORY_GOAL, MEMORY_RESOLUTION),
+            f"{mem_a['rss_after'] / MB:.0f} / {mem_t['rss_after'] / MB:.0f}"]
+
+
+def profile(dtype: str, args, steps: int = 3) -> None:
+    """Where a step's time goes: cProfile of ag (a closure's time includes its NumPy work), torch.profiler."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
+    a, t = AgMLP(x, params), TorchMLP(x, params)
+    a.step(), t.step()
+    print(f"\nag, {steps} steps, {dtype}, by own time (ops.py:N(_backward) is that op's backward):")
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [a.step() for _ in range(steps)])
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(8)
+    print(f"torch, {steps} steps, {dtype}, by self CPU time:")
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            t.step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="batch 512, width 256, 3 repeats")
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--width", type=int, default=1000)
+    parser.add_argument("--layers", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--profile", action="store_true", help="only profile ag and torch steps, first dtype")
+    parser.add_argument("--memory-worker", nargs=2, metavar=("FRAMEWORK", "DTYPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_worker:
+        print(json.dumps(memory_worker(*args.memory_worker, args.batch, args.width, args.layers)))
+        return
+    if args.quick:
+        args.batch, args.width, args.repeats = 512, 256, 3
+    dtypes = args.dtypes.split(",")
+    print(f"MLP step: {args.layers} x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}, "
+          f"loss = mean(output), forward + backward")
+    for line in machine_lines():
+        print(line)
+    print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          "(other processes on the machine slow both frameworks and add noise)")
+    if args.profile:
+        profile(dtypes[0], args)
+        return
+
+    time_rows, memory_rows = [], []
+    for dtype in dtypes:
+        time_rows.append(time_row(dtype, args))
+        gc.collect()
+        if not args.no_memory:
+            memory_rows.append(memory_row(dtype, args))
+
+    print_table(f"Time per step (median and best of {args.repeats} after a warm-up; "
+                f"goal: median ag/torch <= {TIME_GOAL:.2f})",
+                ["dtype", "ag ms", "torch ms", "ag/torch", "goal", "best ag ms", "best torch ms",
+                 "best ag/torch", "max rel. grad diff"], time_rows)
+    if memory_rows:
+        print_table(f"Peak memory of one step (goal ag/torch <= {MEMORY_GOAL:.2f}, "
+                    f"within the method's resolution of {MEMORY_RESOLUTION:.1%})",
+                    ["dtype", "ag tracemalloc MB", "ag RSS MB", "torch RSS MB", "ag/torch (RSS)", "goal",
+                     "kept after step ag / torch MB"], memory_rows)
+        print(MEMORY_METHOD)
+
+
+MEMORY_METHOD = """
+Method: each framework and dtype in a fresh subprocess, one warm-up step, then the peak
+resident set during one step (VmHWM after resetting it via /proc/self/clear_refs) minus the
+resident set before it; MALLOC_MMAP_THRESHOLD_=131072 so large buffers are unmapped when freed.
+Weights and input exist before the step; the step creates the grads (they count, and are
+'kept after step'). tracemalloc sees NumPy but not torch, so it is shown for ag only."""
+
+
+if __name__ == "__main__":
+    main()

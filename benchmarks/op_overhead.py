@@ -1,0 +1,139 @@
+"""Python overhead per op on tiny tensors: ag against PyTorch CPU eager, in microseconds per op.
+
+    python benchmarks/op_overhead.py            # about half a minute
+    python benchmarks/op_overhead.py --quick    # a few seconds, noisier
+
+On tensors of 4 or 16 elements the arithmetic is free, so what is measured is the cost of
+the framework around it: checking operands, wrapping the result, recording the graph and,
+for backward, sorting it and running the closures. Three settings:
+
+- forward, no graph: inputs do not require grad, so no graph is recorded;
+- forward, graph: inputs require grad, so each op records its backward;
+- forward + backward: the op, then ``out.backward(seed)`` (``out.backward()`` for ``sum``),
+  the grads accumulating into the leaves' ``.grad``.
+
+Each figure is the best of ``--repeats`` timeit runs, each run given enough loops to last
+about ``--min-time`` seconds; the best is the one least disturbed by other processes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import timeit
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ag  # noqa: E402
+
+OPS = ["add", "mul", "matmul", "relu", "sum"]
+SHAPES = {"add": (4,), "mul": (4,), "matmul": (4, 4), "relu": (4,), "sum": (4,)}
+
+
+def numpy_op(name: str, a: np.ndarray, b: np.ndarray) -> Callable[[], object]:
+    return {"add": lambda: a + b, "mul": lambda: a * b, "matmul": lambda: a @ b,
+            "relu": lambda: np.maximum(a, 0), "sum": lambda: np.sum(a)}[name]
+
+
+def ag_op(name: str, a: ag.Tensor, b: ag.Tensor) -> Callable[[], ag.Tensor]:
+    return {"add": lambda: a + b, "mul": lambda: a * b, "matmul": lambda: a @ b,
+            "relu": lambda: ag.relu(a), "sum": lambda: ag.sum(a)}[name]
+
+
+def torch_op(name: str, a, b):
+    import torch
+    return {"add": lambda: a + b, "mul": lambda: a * b, "matmul": lambda: a @ b,
+            "relu": lambda: torch.relu(a), "sum": lambda: torch.sum(a)}[name]
+
+
+def cases(name: str) -> dict[str, dict[str, Callable[[], object]]]:
+    """For each setting, the statement to time per framework."""
+    import torch
+    rng = np.random.default_rng(0)
+    shape = SHAPES[name]
+    a_np, b_np = rng.standard_normal(shape), rng.standard_normal(shape)
+    seed_np = np.ones(() if name == "sum" else shape)
+
+    def ag_tensors(requires_grad: bool):
+        return (ag.Tensor(a_np.copy(), requires_grad=requires_grad),
+                ag.Tensor(b_np.copy(), requires_grad=requires_grad))
+
+    def torch_tensors(requires_grad: bool):
+        return (torch.tensor(a_np, requires_grad=requires_grad),
+                torch.tensor(b_np, requires_grad=requires_grad))
+
+    ag_const, t_const = ag_op(name, *ag_tensors(False)), torch_op(name, *torch_tensors(False))
+    ag_f, t_f = ag_op(name, *ag_tensors(True)), torch_op(name, *torch_tensors(True))
+    seed_t = torch.tensor(seed_np)
+
+    if name == "sum":
+        def ag_fwd_bwd():
+            ag_f().backward()
+
+        def torch_fwd_bwd():
+            t_f().backward()
+    else:
+        def ag_fwd_bwd():
+            ag_f().backward(seed_np)
+
+        def torch_fwd_bwd():
+            t_f().backward(seed_t)
+
+    return {
+        "forward, no graph": {"numpy": numpy_op(name, a_np, b_np), "ag": ag_const, "torch": t_const},
+        "forward, graph": {"ag": ag_f, "torch": t_f},
+        "forward + backward": {"ag": ag_fwd_bwd, "torch": torch_fwd_bwd},
+    }
+
+
+def microseconds(stmt: Callable[[], object], repeats: int, min_time: float) -> float:
+    """Best of ``repeats`` timeit runs, in µs per call."""
+    timer = timeit.Timer(stmt)
+    elapsed = timer.timeit(number=100)
+    loops = max(100, int(100 * min_time / max(elapsed, 1e-9)))
+    return min(timer.repeat(repeat=repeats, number=loops)) / loops * 1e6
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    print(f"\n{title}\n")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 runs of 0.05 s each")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timeit run")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.min_time = 3, 0.05
+    import torch
+
+    print(f"Per-op overhead, float64, shapes {', '.join(f'{op} {SHAPES[op]}' for op in OPS)}")
+    print(f"Python {sys.version.split()[0]}, numpy {np.__version__}, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads); best of {args.repeats} timeit runs of ~{args.min_time} s")
+    print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+    tables: dict[str, list[list[str]]] = {}
+    for op in OPS:
+        for setting, stmts in cases(op).items():
+            us = {fw: microseconds(stmt, args.repeats, args.min_time) for fw, stmt in stmts.items()}
+            row = [op] + ([f"{us['numpy']:.2f}"] if "numpy" in us else [])
+            row += [f"{us['ag']:.2f}", f"{us['torch']:.2f}", f"{us['ag'] / us['torch']:.2f}"]
+            tables.setdefault(setting, []).append(row)
+
+    for setting, rows in tables.items():
+        header = ["op"] + (["numpy µs"] if len(rows[0]) == 5 else []) + ["ag µs", "torch µs", "ag/torch"]
+        print_table(f"{setting} (µs per op)", header, rows)
+
+
+if __name__ == "__main__":
+    main()
