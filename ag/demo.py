@@ -177,11 +177,14 @@ def remat_demo(out_dir: str = "ag-plots") -> None:
         from . import plot
         os.makedirs(out_dir, exist_ok=True)
         timeline_path = os.path.join(out_dir, "remat_timeline.png")
+        stack_path = os.path.join(out_dir, "remat_stack.png")
         tradeoff_path = os.path.join(out_dir, "remat_tradeoff.png")
         plot.memory_timeline({r.strategy: r.timeline for r in runs}, path=timeline_path,
                              title="Memory over one training step, by strategy")
+        plot.memory_stack({r.strategy: r.timeline for r in runs}, path=stack_path,
+                          title="What the memory holds, by strategy (line: tracemalloc)")
         plot.tradeoff({r.strategy: (r.peak_bytes, r.counts.flops["recompute"]) for r in runs},
                       path=tradeoff_path, title="Peak memory against recomputation")
-        print(f"plots written: {timeline_path}, {tradeoff_path}")
+        print(f"plots written: {timeline_path}, {stack_path}, {tradeoff_path}")
     except ImportError as error:
         print(f"plots skipped: {error}")

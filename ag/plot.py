@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .trace import MB, Snapshot
+from .trace import CATEGORIES, MB, Snapshot
 
 
 def _pyplot():
@@ -38,6 +38,40 @@ def memory_timeline(timelines: Mapping[str, Sequence[Snapshot]], *, title: str =
     ax.set_ylabel("NumPy memory allocated (MB)")
     ax.set_title(title)
     ax.legend()
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def memory_stack(timelines: Mapping[str, Sequence[Snapshot]], *, title: str = "What the memory holds",
+                 path: str | None = None):
+    """One panel per run: ag's live bytes stacked by category (inputs, parameters, activations
+    kept, activations recomputed, gradients), with tracemalloc's count drawn over the stack.
+
+    The snapshots must come from ``ag.trace.tracing()``, which records the categories.
+    """
+    plt = _pyplot()
+    n = len(timelines)
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, (label, snapshots) in zip(axes.flat, timelines.items()):
+        if any(s.categories is None for s in snapshots):
+            raise ValueError(f"memory_stack: the snapshots of {label!r} carry no categories; "
+                             "record them with ag.trace.tracing()")
+        steps = range(len(snapshots))
+        layers = [[s.categories[c] / MB for s in snapshots] for c in CATEGORIES]
+        ax.stackplot(steps, layers, labels=CATEGORIES, alpha=0.8)
+        ax.plot(steps, [s.allocated_bytes / MB for s in snapshots], color="black", linewidth=1,
+                label="tracemalloc")
+        ax.set_title(label)
+        ax.set_xlabel("op, then backward step")
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("MB")
+    axes[0][0].legend(loc="upper left", fontsize=7)
+    fig.suptitle(title)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)

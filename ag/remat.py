@@ -91,7 +91,7 @@ class _Chain:
         if first is None or first.value is None:
             raise GraphError(f"replay of layers {start + 1}..{stop}: the kept output x_{start} "
                              "is gone; was backward already past it?")
-        h, found = Tensor(first.value), None
+        h, found = first, None
         with no_grad():
             for k in range(start + 1, stop + 1):
                 with record_tensors() as again:

@@ -100,6 +100,7 @@ class Tensor:
         self._retains_grad = False
         self._graph_freed = False
         self._needed_by = 0
+        trace.watch_value(self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -436,5 +437,6 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
         grad = grad.astype(tensor.dtype)
     if tensor.grad is None:
         tensor.grad = grad if _step.can_own(grad) else grad.copy()
+        trace.watch_grad(tensor)
     else:
         tensor.grad += grad

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import tracemalloc
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -34,15 +35,23 @@ class TraceError(RuntimeError):
     """Tracing was started twice, or ended without being started."""
 
 
+CATEGORIES = ("inputs", "parameters", "activations kept", "activations recomputed", "gradients")
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """Bytes alive at one moment of a trace, with a label saying what just ran."""
+    """Bytes alive at one moment of a trace, with a label saying what just ran.
+
+    In a ``tracing()`` timeline, ``categories`` is ag's own count of the same moment: the
+    bytes held by tensors made (or given a grad) inside the trace, by CATEGORIES.
+    """
 
     allocated_bytes: int
     peak_bytes: int
     op: str | None = None
     phase: str | None = None
     tensor: str | None = None
+    categories: dict | None = None
 
     @property
     def allocated_mb(self) -> int:
@@ -126,6 +135,9 @@ def tracing() -> Iterator[list[Snapshot]]:
         yield timeline
     finally:
         _timelines[:] = [t for t in _timelines if t is not timeline]  # by identity, not ==
+        if not _timelines:
+            _made.clear()
+            _graded.clear()
         end_trace()
 
 
@@ -133,8 +145,49 @@ def record(phase: str, op: str, tensor: str | None) -> None:
     """Called by the engine after each op and backward step; a no-op unless a timeline is open."""
     if _timelines:
         snap = snapshot_trace(op, phase, tensor)
+        snap = Snapshot(**{**snap.__dict__, "categories": _categories()})
         for timeline in _timelines:
             timeline.append(snap)
+
+
+_made: weakref.WeakSet = weakref.WeakSet()       # tensors made inside an open timeline
+_graded: weakref.WeakSet = weakref.WeakSet()     # tensors given a grad inside it
+
+
+def watch_value(tensor) -> None:
+    """Called by the engine for every Tensor it makes: counted by category while a timeline is open."""
+    if _timelines:
+        _made.add(tensor)
+
+
+def watch_grad(tensor) -> None:
+    """Called by the engine when a grad buffer is allocated."""
+    if _timelines:
+        _graded.add(tensor)
+
+
+def _categories() -> dict[str, int]:
+    """Live bytes by category, each buffer once (views and handed-on grads share memory)."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    seen: set[int] = set()
+
+    def count(array, category: str) -> None:
+        while array is not None and array.base is not None:
+            array = array.base
+        if array is not None and id(array) not in seen:
+            seen.add(id(array))
+            totals[category] += array.nbytes
+    for t in list(_made):
+        count(t.value, _value_category(t))
+    for t in list(_graded):
+        count(t.grad, "gradients")
+    return totals
+
+
+def _value_category(t) -> str:
+    if t.op is None:
+        return "parameters" if t.requires_grad else "inputs"
+    return "activations recomputed" if t.rematerializer is not None else "activations kept"
 
 
 @dataclass(eq=False)

@@ -34,10 +34,11 @@ def test_an_unknown_demo_is_refused_with_the_choices():
     assert "invalid choice" in result.stderr and "memory" in result.stderr
 
 
-def test_demo_remat_prints_every_strategy_and_writes_two_plots(tmp_path):
+def test_demo_remat_prints_every_strategy_and_writes_three_plots(tmp_path):
     result = run_ag("demo", "remat", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     for strategy in ("none", "uniform", "block", "sqrt", "greedy", "optimal", "all"):
         assert f"\n{strategy}" in result.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["remat_timeline.png", "remat_tradeoff.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "remat_stack.png", "remat_timeline.png", "remat_tradeoff.png"]
     assert all(p.stat().st_size > 10_000 for p in tmp_path.iterdir())

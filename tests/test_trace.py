@@ -82,3 +82,18 @@ def test_backward_trace_returns_one_snapshot_per_step(rng):
     trace.end_trace()
     assert [s.op for s in steps] == ["sum", "mul", "exp"]
     assert all(s.phase == "backward" for s in steps)
+
+
+@pytest.mark.parametrize("checkpoints, mode", [(list(range(8)), "segment"), ([2, 5], "segment"), ([], "tensor")])
+def test_the_category_accounting_agrees_with_tracemalloc_at_every_step(rng, checkpoints, mode):
+    weights = [ag.Tensor(rng.standard_normal((64, 64)) / 8, requires_grad=True) for _ in range(8)]
+    layers = [lambda h, w=w: ag.tanh(h @ w) for w in weights]
+    x = ag.Tensor(rng.standard_normal((256, 64)))
+    with trace.tracing() as timeline:
+        ag.sum(ag.remat.sequential(layers, x, checkpoints, mode=mode)).backward()
+    for snap in timeline:
+        assert abs(sum(snap.categories.values()) - snap.allocated_bytes) <= 64, snap.label
+    assert max(s.categories["activations kept"] for s in timeline) > 0
+    assert max(s.categories["gradients"] for s in timeline) > 0
+    if checkpoints != list(range(8)):
+        assert max(s.categories["activations recomputed"] for s in timeline) > 0
