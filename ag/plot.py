@@ -34,14 +34,7 @@ def memory_timeline(timelines: Mapping[str, Sequence[Snapshot]], *, title: str =
         start = next((i for i, s in enumerate(snapshots) if s.phase == "backward"), None)
         if start is not None:
             ax.axvline(start, color="grey", linestyle=":", linewidth=0.8)
-    ax.set_xlabel("op (forward), then backward step")
-    ax.set_ylabel("NumPy memory allocated (MB)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, ax, "op (forward), then backward step", "NumPy memory allocated (MB)", title, path)
 
 
 def memory_stack(timelines: Mapping[str, Sequence[Snapshot]], *, title: str = "What the memory holds",
@@ -97,8 +90,12 @@ def tradeoff(points: Mapping[str, tuple[float, float]], *, title: str = "Memory 
             front.append((flops / 1e9, peak / MB))
             best = peak
     ax.plot(*zip(*front), color="grey", linestyle="--", linewidth=0.8, label="Pareto front")
-    ax.set_xlabel("recomputed GFLOP")
-    ax.set_ylabel("peak memory (MB)")
+    return _finish(fig, ax, "recomputed GFLOP", "peak memory (MB)", title, path)
+
+
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: str | None):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

@@ -117,3 +117,12 @@ def torch_check(f_ag: Callable, f_torch: Callable, *arrays, rtol: float = 1e-7,
             f"{name}: grad of input {i} has shape {actual.shape}, torch's has {expected.shape}")
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol,
                                    err_msg=f"{name}: grads of input {i} differ")
+
+
+# the four broadcasting binary ops, as operators (the same lambdas run on ag and torch tensors)
+BINARY_OPS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+}

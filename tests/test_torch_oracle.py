@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 import ag
-from gradcheck import torch_check
+from gradcheck import BINARY_OPS, torch_check
 
 # CI sets AG_REQUIRE_TORCH=1 so that a missing torch fails the run instead of skipping it
 if os.environ.get("AG_REQUIRE_TORCH") is None:
@@ -44,12 +44,6 @@ BROADCAST_PAIRS = [
     pytest.param((2, 1, 4), (3, 1), id="both-stretched"),
 ]
 
-BINARY_OPS = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b,
-}
 
 
 # ---- elementwise binary ops ----
