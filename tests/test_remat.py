@@ -321,3 +321,23 @@ def test_dynamic_peak_follows_its_budget(matmul_chain):
         # the budget holds the chain's resident activations; the step's grads come on top
         assert peaks[-1] <= budget + 4 * act
     assert peaks[0] > peaks[1] > peaks[2]
+
+
+@pytest.mark.parametrize("strategy, options", [
+    ("none", {}), ("all", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 4}),
+    ("sqrt", {}), ("greedy", {"budget": 0.7}), ("optimal", {"budget": 0.6})])
+def test_every_strategy_gives_gradients_bit_identical_to_none(weights, x_value, strategy, options):
+    x = ag.Tensor(x_value, requires_grad=True)
+    layers = _layers(weights)
+    ag.sum(remat.sequential(layers, x, remat.plan(N_LAYERS, "none"))).backward()
+    expected = grads(weights) + [x.grad.copy()]
+    for t in [*weights, x]:
+        t.zero_grad()
+    if "budget" in options:
+        profile = remat.profile(layers, x)
+        full = remat.predict(profile, range(N_LAYERS)).peak_bytes
+        options = {"chain": profile, "budget_bytes": int(full * options["budget"])}
+    kept = remat.plan(N_LAYERS, strategy, **options)
+    ag.sum(remat.sequential(layers, x, kept, mode=remat.mode_for(strategy))).backward()
+    for got, want in zip(grads(weights) + [x.grad], expected):
+        np.testing.assert_array_equal(got, want)
