@@ -308,7 +308,7 @@ def _fits(p: ChainProfile, kept: list[int], budget: int) -> bool:
 
 def _greedy(p: ChainProfile, budget: int) -> list[int]:
     best = None
-    for threshold in sorted(set(np.cumsum(p.sizes).tolist()) | set(p.sizes)):
+    for threshold in sorted({0} | set(np.cumsum(p.sizes).tolist()) | set(p.sizes)):  # 0 keeps all
         kept, run = [], 0
         for k, size in enumerate(p.sizes[:-1]):
             run += size

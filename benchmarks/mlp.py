@@ -25,7 +25,6 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable
@@ -35,6 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
+from _memory import rss_peak_of, run_worker  # noqa: E402
 
 MB = 10**6
 TIME_GOAL = 1.10  # ag / torch
@@ -147,30 +147,6 @@ def check_same_result(a: AgMLP, t: TorchMLP) -> float:
 
 # ---- memory, in a fresh subprocess per framework and dtype ----
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def rss_peak_of(step: Callable[[], float]) -> tuple[int, int]:
-    """(peak RSS growth, RSS still grown after) in bytes, during one call of ``step``."""
-    gc.collect()
-    before = _status_kb("VmRSS")
-    _reset_peak_rss()
-    step()
-    peak = _status_kb("VmHWM")
-    after = _status_kb("VmRSS")
-    return (peak - before) * 1024, (after - before) * 1024
-
-
 def memory_worker(framework: str, dtype: str, batch: int, width: int, n_layers: int) -> dict:
     x, params = make_data(batch, width, n_layers, np.dtype(dtype))
     model = AgMLP(x, params) if framework == "ag" else TorchMLP(x, params)
@@ -192,13 +168,9 @@ def memory_worker(framework: str, dtype: str, batch: int, width: int, n_layers: 
 
 
 def measure_memory(framework: str, dtype: str, args) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, dtype,
            "--batch", str(args.batch), "--width", str(args.width), "--layers", str(args.layers)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory worker for {framework} {dtype} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(cmd, f"{framework} {dtype}")
 
 
 # ---- the machine ----

@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
+from mlp import print_table  # noqa: E402
 
 OPS = ["add", "mul", "matmul", "relu", "sum"]
 SHAPES = {"add": (4,), "mul": (4,), "matmul": (4, 4), "relu": (4,), "sum": (4,)}
@@ -95,15 +96,6 @@ def microseconds(stmt: Callable[[], object], repeats: int, min_time: float) -> f
     elapsed = timer.timeit(number=100)
     loops = max(100, int(100 * min_time / max(elapsed, 1e-9)))
     return min(timer.repeat(repeat=repeats, number=loops)) / loops * 1e6
-
-
-def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    print(f"\n{title}\n")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
 
 
 def main() -> None:

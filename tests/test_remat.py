@@ -341,3 +341,10 @@ def test_every_strategy_gives_gradients_bit_identical_to_none(weights, x_value, 
     ag.sum(remat.sequential(layers, x, kept, mode=remat.mode_for(strategy))).backward()
     for got, want in zip(grads(weights) + [x.grad], expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_greedy_keeps_every_output_when_the_budget_allows_it():
+    profile = _random_profile(5, 12)
+    budget = remat.predict(profile, range(12)).peak_bytes
+    kept = remat.plan(12, "greedy", chain=profile, budget_bytes=budget)
+    assert remat.predict(profile, kept).recompute_flops == 0
