@@ -1,5 +1,5 @@
 """ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
-from . import remat, trace
+from . import attention, remat, trace
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, exp, gelu, getitem, linear, log, log_softmax, logsumexp,
                   matmul, max, mean, mul, neg, pow, relu, reshape, sigmoid, softmax, sqrt, sub,
@@ -11,7 +11,7 @@ from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "count_ops", "config", "no_grad", "eager_grads",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output",
     "discard_value_if_has_rematerializer", "release_unneeded",
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",

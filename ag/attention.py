@@ -1,0 +1,306 @@
+"""Attention: the standard way (S and P materialized) and FlashAttention's tiled way.
+
+Shapes: ``q`` is (..., H, Nq, d); ``k`` and ``v`` are (..., Hkv, Nk, d) with H a multiple
+of Hkv: each key/value head serves a group of H / Hkv query heads (GQA; Hkv = 1 is MQA,
+Hkv = H is ordinary multi-head attention). ``scale`` defaults to 1/√d.
+
+Causal masking (``causal=True``) is top-left aligned, as in
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: query i sees keys
+0..i. ``causal="bottom_right"`` is FlashAttention-2's alignment: query i sees keys
+0..i + Nk - Nq, so when Nq > Nk the first rows see nothing; such a fully masked row
+gives output 0 and zero gradients, never NaN.
+
+The tiled path follows FlashAttention-2 (Dao, 2023), Algorithm 1 and 2: query tiles
+outside, key/value tiles inside, a running max ``m_i`` and sum ``l_i``, an unscaled
+accumulator ``acc`` divided once at the end, and only O and the logsumexp ``lse`` saved
+for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO ∘ O).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
+from .tensor import Tensor, accumulate_grad, make_output
+
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 256
+
+
+# ---- shapes and masks ----
+
+@dataclass(frozen=True)
+class _Heads:
+    """The shapes of one attention call, checked."""
+
+    lead: tuple[int, ...]
+    h: int
+    h_kv: int
+    n_q: int
+    n_k: int
+    d: int
+
+    @property
+    def group(self) -> int:
+        return self.h // self.h_kv
+
+
+def _check_shapes(op: str, q, k, v) -> _Heads:
+    if q.ndim < 3 or k.ndim < 3 or v.ndim < 3:
+        raise ShapeError(f"{op}: q, k and v need at least 3 dimensions (..., heads, tokens, head_dim), "
+                         f"got shapes {q.shape}, {k.shape} and {v.shape}")
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ShapeError(f"{op}: q, k and v must have the same rank, got shapes {q.shape}, {k.shape} "
+                         f"and {v.shape}")
+    if k.shape != v.shape:
+        raise ShapeError(f"{op}: k and v must have the same shape, got {k.shape} and {v.shape}")
+    if q.shape[:-3] != k.shape[:-3]:
+        raise ShapeError(f"{op}: leading (batch) dimensions differ: q {q.shape} and k {k.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"{op}: head dims differ: q has d = {q.shape[-1]}, k has d = {k.shape[-1]}")
+    h, h_kv = q.shape[-3], k.shape[-3]
+    if h_kv == 0 or h % h_kv:
+        raise ShapeError(f"{op}: {h} query heads are not a multiple of {h_kv} key/value heads "
+                         f"(shapes {q.shape} and {k.shape})")
+    return _Heads(tuple(q.shape[:-3]), h, h_kv, q.shape[-2], k.shape[-2], q.shape[-1])
+
+
+def _check_causal(op: str, causal) -> None:
+    if causal not in (False, True, "top_left", "bottom_right"):
+        raise ValueError(f"{op}: causal must be False, True ('top_left') or 'bottom_right', got {causal!r}")
+
+
+def _visible(causal, rows: np.ndarray, cols: np.ndarray, n_q: int, n_k: int) -> np.ndarray | None:
+    """Boolean (rows, cols) array: may query ``rows[i]`` see key ``cols[j]``? None when all can."""
+    if not causal:
+        return None
+    offset = n_k - n_q if causal == "bottom_right" else 0
+    return cols[None, :] <= rows[:, None] + offset
+
+
+def _scale(scale, d: int) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+# ---- the standard way: S and P in memory, autograd through the engine ----
+
+def naive_attention(q, k, v, *, causal=False, scale=None):
+    """O = softmax(scale · Q Kᵀ + mask) V, with S and P (N×N) materialized by ag ops.
+
+    Arrays in, arrays out; Tensors in, a Tensor out whose backward runs through the engine.
+    """
+    _check_causal("naive_attention", causal)
+    tensors = any(isinstance(x, Tensor) for x in (q, k, v))
+    q, k, v = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
+    heads = _check_shapes("naive_attention", q, k, v)
+    g, lead = heads.group, heads.lead
+    # (..., Hkv, G, N, d) for q against (..., Hkv, 1, N, d) for k and v: the group shares them
+    qg = reshape(q, lead + (heads.h_kv, g, heads.n_q, heads.d))
+    kg = reshape(k, lead + (heads.h_kv, 1, heads.n_k, heads.d))
+    vg = reshape(v, lead + (heads.h_kv, 1, heads.n_k, heads.d))
+    s = mul(matmul(qg, transpose(kg, _swap_last(kg.ndim))), _scale(scale, heads.d))
+    visible = _visible(causal, np.arange(heads.n_q), np.arange(heads.n_k), heads.n_q, heads.n_k)
+    if visible is not None:
+        s = where(np.broadcast_to(visible, s.shape), s, -np.inf)
+    o = reshape(matmul(softmax(s, axis=-1), vg), q.shape)
+    return o if tensors else o.value
+
+
+def _swap_last(ndim: int) -> tuple[int, ...]:
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
+# ---- online softmax: the lecture's block merge ----
+
+@dataclass(frozen=True)
+class SoftmaxBlock:
+    """softmax over some columns of S, applied to their rows of V: o = Σ_j p_j v_j with
+    p = exp(s - m) / l, m the row max and l = Σ exp(s - m) the row's normalizer."""
+
+    o: np.ndarray
+    m: np.ndarray
+    l: np.ndarray
+
+
+def softmax_block(s: np.ndarray, v: np.ndarray) -> SoftmaxBlock:
+    """One block's softmax(s) @ v, with its row max ``m`` and normalizer ``l`` kept for merging."""
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # a row with nothing visible: p = 0, l = 0
+    p = np.exp(s - m)
+    l = np.sum(p, axis=-1, keepdims=True)
+    o = np.divide(p @ v, l, out=np.zeros(p.shape[:-1] + v.shape[-1:], dtype=np.result_type(p, v)),
+                  where=l > 0)
+    return SoftmaxBlock(o, m, l)
+
+
+def merge_softmax_blocks(a: SoftmaxBlock, b: SoftmaxBlock) -> SoftmaxBlock:
+    """Softmax over the columns of both blocks, from the two results alone.
+
+    m = max(m_a, m_b); each block's normalizer is rescaled to the new max,
+    l = e^(m_a - m) l_a + e^(m_b - m) l_b, and o = (e^(m_a - m) l_a o_a + e^(m_b - m) l_b o_b) / l:
+    each block's output weighted by its share of the normalizer (n1/(n1+n2) in the lecture).
+    """
+    m = np.maximum(a.m, b.m)
+    la, lb = np.exp(a.m - m) * a.l, np.exp(b.m - m) * b.l
+    l = la + lb
+    o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l > 0)
+    return SoftmaxBlock(o, m, l)
+
+
+def online_softmax(s: np.ndarray, v: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(s, axis=-1) @ v computed block by block over the columns of s, never holding
+    a whole row of P; returns the output and the row logsumexp m + log l."""
+    _check_block("online_softmax", "block_size", block_size)
+    result = None
+    for start in range(0, s.shape[-1], block_size):
+        block = softmax_block(s[..., start:start + block_size], v[..., start:start + block_size, :])
+        result = block if result is None else merge_softmax_blocks(result, block)
+    with np.errstate(divide="ignore"):
+        lse = (result.m + np.log(result.l))[..., 0]
+    return result.o, lse
+
+
+def _check_block(op: str, name: str, size) -> None:
+    if not isinstance(size, (int, np.integer)) or size <= 0:
+        raise ValueError(f"{op}: {name} must be a positive integer, got {size!r}")
+
+
+# ---- the tiled way: FlashAttention-2 on NumPy ----
+
+def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT_BLOCK_Q,
+                    block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False, backend: str = "numpy"):
+    """O = softmax(scale · Q Kᵀ + mask) V, tile by tile: no N×N array is ever held.
+
+    Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile
+    from the saved logsumexp (gradients for q, k and v; for GQA, k's and v's summed over each
+    group). With ``return_lse=True`` also returns lse = logsumexp of each row of scaled
+    scores, shape (..., H, Nq), as an array.
+    """
+    _check_causal("flash_attention", causal)
+    _check_block("flash_attention", "block_q", block_q)
+    _check_block("flash_attention", "block_k", block_k)
+    backend = _backend(backend, q)
+    if backend == "cupy":
+        from . import attention_gpu
+        return attention_gpu.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    tensors = any(isinstance(x, Tensor) for x in (q, k, v))
+    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
+    heads = _check_shapes("flash_attention", tq, tk, tv)
+    tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
+    o, lse = tiles.forward(tq.value, tk.value, tv.value)
+    if not tensors:
+        return (o, lse) if return_lse else o
+
+    def _backward(out: Tensor) -> None:
+        dq, dk, dv = tiles.backward(tq.value, tk.value, tv.value, out.value, lse, out.grad)
+        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
+            if t.requires_grad:
+                accumulate_grad(t, g)
+    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
+    return (out, lse) if return_lse else out
+
+
+def _backend(backend: str, q) -> str:
+    if backend == "auto":
+        return "cupy" if type(q).__module__.startswith("cupy") else "numpy"
+    if backend not in ("numpy", "cupy"):
+        raise ValueError(f"flash_attention: backend must be 'numpy', 'cupy' or 'auto', got {backend!r}")
+    return backend
+
+
+class _Tiles:
+    """The loops of FlashAttention-2 for one call: shapes, mask, scale and tile sizes."""
+
+    def __init__(self, heads: _Heads, causal, scale: float, block_q: int, block_k: int) -> None:
+        self.heads, self.causal, self.scale = heads, causal, scale
+        self.block_q, self.block_k = block_q, block_k
+
+    def _grouped(self, x: np.ndarray, group: int) -> np.ndarray:
+        """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
+        h = self.heads
+        return x.reshape(h.lead + (h.h_kv, group) + x.shape[-2:])
+
+    def _key_tiles(self, q_start: int, q_stop: int):
+        """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key)."""
+        h = self.heads
+        stop = h.n_k
+        if self.causal:
+            offset = h.n_k - h.n_q if self.causal == "bottom_right" else 0
+            stop = max(0, min(h.n_k, q_stop + offset))
+        return range(0, stop, self.block_k)
+
+    def _scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
+        """S_ij = scale · Q_i K_jᵀ, with masked entries set to -inf."""
+        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
+        s *= self.scale
+        visible = _visible(self.causal, np.arange(q_start, q_start + s.shape[-2]),
+                           np.arange(k_start, k_start + s.shape[-1]), self.heads.n_q, self.heads.n_k)
+        if visible is not None and not visible.all():
+            s[..., ~visible] = -np.inf
+        return s
+
+    def forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc."""
+        h = self.heads
+        qg, kg, vg = self._grouped(q, h.group), self._grouped(k, 1), self._grouped(v, 1)
+        dtype = np.result_type(q, k, v)
+        o = np.zeros(qg.shape, dtype=dtype)
+        lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
+        for q_start in range(0, h.n_q, self.block_q):
+            rows = slice(q_start, q_start + self.block_q)
+            q_i = qg[..., rows, :]
+            m_i = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=dtype)
+            l_i = np.zeros_like(m_i)
+            acc = np.zeros(q_i.shape, dtype=dtype)
+            for k_start in self._key_tiles(q_start, q_start + q_i.shape[-2]):
+                cols = slice(k_start, k_start + self.block_k)
+                s = self._scores(q_i, kg[..., cols, :], q_start, k_start)
+                m_new = np.maximum(m_i, np.max(s, axis=-1, keepdims=True))
+                shift = np.where(np.isfinite(m_new), m_new, 0)  # a row with nothing visible yet
+                p = np.exp(s - shift, out=s)
+                alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
+                l_i = alpha * l_i + np.sum(p, axis=-1, keepdims=True)
+                acc = alpha * acc + np.matmul(p, vg[..., cols, :])
+                m_i = m_new
+            np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
+            with np.errstate(divide="ignore"):
+                lse[..., rows] = (m_i + np.log(l_i))[..., 0]
+        return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+    def backward(self, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
+        tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += dS K, dK += dSᵀ Q."""
+        h = self.heads
+        qg, kg, vg = self._grouped(q, h.group), self._grouped(k, 1), self._grouped(v, 1)
+        dog, og = self._grouped(do, h.group), self._grouped(o, h.group)
+        lse_g = lse.reshape(qg.shape[:-1] + (1,))
+        lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
+        d_row = np.sum(dog * og, axis=-1, keepdims=True)
+        dq, dk, dv = np.zeros_like(qg), np.zeros_like(kg), np.zeros_like(vg)
+        for k_start in range(0, h.n_k, self.block_k):
+            cols = slice(k_start, k_start + self.block_k)
+            k_j, v_j = kg[..., cols, :], vg[..., cols, :]
+            for q_start in self._query_tiles(k_start):
+                rows = slice(q_start, q_start + self.block_q)
+                s = self._scores(qg[..., rows, :], k_j, q_start, k_start)
+                p = np.exp(s - lse_g[..., rows, :], out=s)
+                do_i = dog[..., rows, :]
+                dv[..., cols, :] += np.sum(np.matmul(np.swapaxes(p, -1, -2), do_i), axis=-3, keepdims=True)
+                ds = p * (np.matmul(do_i, np.swapaxes(v_j, -1, -2)) - d_row[..., rows, :])
+                ds *= self.scale
+                dq[..., rows, :] += np.matmul(ds, k_j)
+                dk[..., cols, :] += np.sum(np.matmul(np.swapaxes(ds, -1, -2), qg[..., rows, :]),
+                                           axis=-3, keepdims=True)
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+    def _query_tiles(self, k_start: int):
+        """The query tiles that can see some key from k_start on (causal: skip tiles above it)."""
+        h = self.heads
+        start = 0
+        if self.causal:
+            offset = h.n_k - h.n_q if self.causal == "bottom_right" else 0
+            first_row = max(0, k_start - offset)  # the first query row that sees key k_start
+            start = first_row - first_row % self.block_q
+        return range(start, h.n_q, self.block_q)
