@@ -7,6 +7,7 @@ import sys
 DEMOS = {
     "memory": "array sizes, tracemalloc, lazy and discarded grads (the lecture's tables)",
     "remat": "every checkpoint strategy on a 10-layer chain: peak MB, matmuls by phase, plots",
+    "attention": "peak memory of naive and flash attention as N grows, with a log-log plot",
 }
 
 
@@ -16,6 +17,8 @@ def _demo(args: argparse.Namespace) -> int:
         demo.memory()
     elif args.name == "remat":
         demo.remat_demo(args.out)
+    elif args.name == "attention":
+        demo.attention_demo(args.out)
     return 0
 
 

@@ -102,3 +102,20 @@ def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: str | None):
     if path:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def scaling(series: Mapping[str, Sequence[tuple[int, int]]], *, title: str = "Peak memory against N",
+            path: str | None = None):
+    """Peak bytes against sequence length on log-log axes, one line per method, with
+    reference slopes for linear and quadratic growth through each line's first point."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, points in series.items():
+        ns, peaks = zip(*points)
+        ax.plot(ns, [p / MB for p in peaks], marker="o", label=label)
+        slope = 2 if label == "naive" else 1
+        ax.plot(ns, [peaks[0] / MB * (n / ns[0]) ** slope for n in ns], color="grey", linestyle=":",
+                linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    return _finish(fig, ax, "sequence length N", "peak memory (MB)", title + " (dotted: N and N²)", path)

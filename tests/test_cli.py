@@ -42,3 +42,13 @@ def test_demo_remat_prints_every_strategy_and_writes_three_plots(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "remat_stack.png", "remat_timeline.png", "remat_tradeoff.png"]
     assert all(p.stat().st_size > 10_000 for p in tmp_path.iterdir())
+
+
+def test_demo_attention_prints_the_scaling_table_and_writes_the_plot(tmp_path):
+    result = run_ag("demo", "attention", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line[:6].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [512, 1024, 2048, 4096, 8192, 16384]
+    flash = [float(r[2]) for r in rows]  # the column after naive (a number or "(skipped)")
+    assert flash[-1] / flash[0] < 40  # 32x longer sequence, about 32x the memory
+    assert (tmp_path / "attention_scaling.png").stat().st_size > 10_000
