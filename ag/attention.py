@@ -142,10 +142,12 @@ def merge_softmax_blocks(a: SoftmaxBlock, b: SoftmaxBlock) -> SoftmaxBlock:
     l = e^(m_a - m) l_a + e^(m_b - m) l_b, and o = (e^(m_a - m) l_a o_a + e^(m_b - m) l_b o_b) / l:
     each block's output weighted by its share of the normalizer (n1/(n1+n2) in the lecture).
     """
+    ### BEGIN SOLUTION
     m = np.maximum(a.m, b.m)
     la, lb = np.exp(a.m - m) * a.l, np.exp(b.m - m) * b.l
     l = la + lb
     o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l > 0)
+    ### END SOLUTION
     return SoftmaxBlock(o, m, l)
 
 
@@ -189,12 +191,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
     heads = _check_shapes("flash_attention", tq, tk, tv)
     tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
-    o, lse = tiles.forward(tq.value, tk.value, tv.value)
+    o, lse = tiled_forward(tiles, tq.value, tk.value, tv.value)
     if not tensors:
         return (o, lse) if return_lse else o
 
     def _backward(out: Tensor) -> None:
-        dq, dk, dv = tiles.backward(tq.value, tk.value, tv.value, out.value, lse, out.grad)
+        dq, dk, dv = tiled_backward(tiles, tq.value, tk.value, tv.value, out.value, lse, out.grad)
         for t, g in ((tq, dq), (tk, dk), (tv, dv)):
             if t.requires_grad:
                 accumulate_grad(t, g)
@@ -211,18 +213,18 @@ def _backend(backend: str, q) -> str:
 
 
 class _Tiles:
-    """The loops of FlashAttention-2 for one call: shapes, mask, scale and tile sizes."""
+    """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share."""
 
     def __init__(self, heads: _Heads, causal, scale: float, block_q: int, block_k: int) -> None:
         self.heads, self.causal, self.scale = heads, causal, scale
         self.block_q, self.block_k = block_q, block_k
 
-    def _grouped(self, x: np.ndarray, group: int) -> np.ndarray:
+    def grouped(self, x: np.ndarray, group: int) -> np.ndarray:
         """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
         h = self.heads
         return x.reshape(h.lead + (h.h_kv, group) + x.shape[-2:])
 
-    def _key_tiles(self, q_start: int, q_stop: int):
+    def key_tiles(self, q_start: int, q_stop: int):
         """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key)."""
         h = self.heads
         stop = h.n_k
@@ -231,7 +233,7 @@ class _Tiles:
             stop = max(0, min(h.n_k, q_stop + offset))
         return range(0, stop, self.block_k)
 
-    def _scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
+    def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
         """S_ij = scale · Q_i K_jᵀ, with masked entries set to -inf."""
         s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
         s *= self.scale
@@ -241,61 +243,7 @@ class _Tiles:
             s[..., ~visible] = -np.inf
         return s
 
-    def forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc."""
-        h = self.heads
-        qg, kg, vg = self._grouped(q, h.group), self._grouped(k, 1), self._grouped(v, 1)
-        dtype = np.result_type(q, k, v)
-        o = np.zeros(qg.shape, dtype=dtype)
-        lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
-        for q_start in range(0, h.n_q, self.block_q):
-            rows = slice(q_start, q_start + self.block_q)
-            q_i = qg[..., rows, :]
-            m_i = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=dtype)
-            l_i = np.zeros_like(m_i)
-            acc = np.zeros(q_i.shape, dtype=dtype)
-            for k_start in self._key_tiles(q_start, q_start + q_i.shape[-2]):
-                cols = slice(k_start, k_start + self.block_k)
-                s = self._scores(q_i, kg[..., cols, :], q_start, k_start)
-                m_new = np.maximum(m_i, np.max(s, axis=-1, keepdims=True))
-                shift = np.where(np.isfinite(m_new), m_new, 0)  # a row with nothing visible yet
-                p = np.exp(s - shift, out=s)
-                alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
-                l_i = alpha * l_i + np.sum(p, axis=-1, keepdims=True)
-                acc = alpha * acc + np.matmul(p, vg[..., cols, :])
-                m_i = m_new
-            np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
-            with np.errstate(divide="ignore"):
-                lse[..., rows] = (m_i + np.log(l_i))[..., 0]
-        return o.reshape(q.shape), lse.reshape(q.shape[:-1])
-
-    def backward(self, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
-        tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += dS K, dK += dSᵀ Q."""
-        h = self.heads
-        qg, kg, vg = self._grouped(q, h.group), self._grouped(k, 1), self._grouped(v, 1)
-        dog, og = self._grouped(do, h.group), self._grouped(o, h.group)
-        lse_g = lse.reshape(qg.shape[:-1] + (1,))
-        lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
-        d_row = np.sum(dog * og, axis=-1, keepdims=True)
-        dq, dk, dv = np.zeros_like(qg), np.zeros_like(kg), np.zeros_like(vg)
-        for k_start in range(0, h.n_k, self.block_k):
-            cols = slice(k_start, k_start + self.block_k)
-            k_j, v_j = kg[..., cols, :], vg[..., cols, :]
-            for q_start in self._query_tiles(k_start):
-                rows = slice(q_start, q_start + self.block_q)
-                s = self._scores(qg[..., rows, :], k_j, q_start, k_start)
-                p = np.exp(s - lse_g[..., rows, :], out=s)
-                do_i = dog[..., rows, :]
-                dv[..., cols, :] += np.sum(np.matmul(np.swapaxes(p, -1, -2), do_i), axis=-3, keepdims=True)
-                ds = p * (np.matmul(do_i, np.swapaxes(v_j, -1, -2)) - d_row[..., rows, :])
-                ds *= self.scale
-                dq[..., rows, :] += np.matmul(ds, k_j)
-                dk[..., cols, :] += np.sum(np.matmul(np.swapaxes(ds, -1, -2), qg[..., rows, :]),
-                                           axis=-3, keepdims=True)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
-
-    def _query_tiles(self, k_start: int):
+    def query_tiles(self, k_start: int):
         """The query tiles that can see some key from k_start on (causal: skip tiles above it)."""
         h = self.heads
         start = 0
@@ -304,3 +252,65 @@ class _Tiles:
             first_row = max(0, k_start - offset)  # the first query row that sees key k_start
             start = first_row - first_row % self.block_q
         return range(start, h.n_q, self.block_q)
+
+
+def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc;
+    return O and the row logsumexp L = m_i + log l_i."""
+    h = tiles.heads
+    qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
+    dtype = np.result_type(q, k, v)
+    o = np.zeros(qg.shape, dtype=dtype)
+    lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
+    for q_start in range(0, h.n_q, tiles.block_q):
+        rows = slice(q_start, q_start + tiles.block_q)
+        q_i = qg[..., rows, :]
+        ### BEGIN SOLUTION
+        m_i = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=dtype)
+        l_i = np.zeros_like(m_i)
+        acc = np.zeros(q_i.shape, dtype=dtype)
+        for k_start in tiles.key_tiles(q_start, q_start + q_i.shape[-2]):
+            cols = slice(k_start, k_start + tiles.block_k)
+            s = tiles.scores(q_i, kg[..., cols, :], q_start, k_start)
+            m_new = np.maximum(m_i, np.max(s, axis=-1, keepdims=True))
+            shift = np.where(np.isfinite(m_new), m_new, 0)  # a row with nothing visible yet
+            p = np.exp(s - shift, out=s)
+            alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
+            l_i = alpha * l_i + np.sum(p, axis=-1, keepdims=True)
+            acc = alpha * acc + np.matmul(p, vg[..., cols, :])
+            m_i = m_new
+        np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
+        with np.errstate(divide="ignore"):
+            lse[..., rows] = (m_i + np.log(l_i))[..., 0]
+        ### END SOLUTION
+    return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+
+def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
+    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += dS K, dK += dSᵀ Q
+    (scale folded into dS; for GQA, dK and dV summed over the group)."""
+    h = tiles.heads
+    qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
+    dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
+    lse_g = lse.reshape(qg.shape[:-1] + (1,))
+    lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
+    dq, dk, dv = np.zeros_like(qg), np.zeros_like(kg), np.zeros_like(vg)
+    ### BEGIN SOLUTION
+    d_row = np.sum(dog * og, axis=-1, keepdims=True)
+    for k_start in range(0, h.n_k, tiles.block_k):
+        cols = slice(k_start, k_start + tiles.block_k)
+        k_j, v_j = kg[..., cols, :], vg[..., cols, :]
+        for q_start in tiles.query_tiles(k_start):
+            rows = slice(q_start, q_start + tiles.block_q)
+            s = tiles.scores(qg[..., rows, :], k_j, q_start, k_start)
+            p = np.exp(s - lse_g[..., rows, :], out=s)
+            do_i = dog[..., rows, :]
+            dv[..., cols, :] += np.sum(np.matmul(np.swapaxes(p, -1, -2), do_i), axis=-3, keepdims=True)
+            ds = p * (np.matmul(do_i, np.swapaxes(v_j, -1, -2)) - d_row[..., rows, :])
+            ds *= tiles.scale
+            dq[..., rows, :] += np.matmul(ds, k_j)
+            dk[..., cols, :] += np.sum(np.matmul(np.swapaxes(ds, -1, -2), qg[..., rows, :]),
+                                       axis=-3, keepdims=True)
+    ### END SOLUTION
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

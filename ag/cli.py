@@ -22,6 +22,40 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _assign(args: argparse.Namespace) -> int:
+    from . import course
+    stale = course.assign(args.root, check=args.check)
+    if args.check:
+        for path in stale:
+            print(f"out of sync with its source in ag/: {path}")
+        print("exercises/ and solutions/ are in sync" if not stale else "run `ag assign` to regenerate")
+        return 1 if stale else 0
+    print(f"wrote {len(stale)} file(s)" + "".join(f"\n  {p}" for p in stale))
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    import json
+
+    from . import course
+    if args.autograder:
+        path = course.autograder_bundle(args.autograder)
+        print(f"Gradescope autograder bundle written: {path}")
+        return 0
+    if not args.submission:
+        print("ag grade: give a submission folder, or --autograder OUT.zip", file=sys.stderr)
+        return 2
+    report = course.grade(args.submission, args.tests, timeout=args.timeout)
+    for t in report.tests:
+        print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {t.name}")
+    print(f"score: {report.score:g} / {report.max_score:g}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report.gradescope(), out, indent=2)
+        print(f"results written: {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ag", description="ag: a NumPy autograd engine that teaches memory and IO in deep learning")
@@ -33,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("name", choices=sorted(DEMOS), help="which demo")
     demo.add_argument("--out", default="ag-plots", help="folder for the plots (default: ag-plots)")
     demo.set_defaults(run=_demo)
+    assign = commands.add_parser("assign", help="generate exercises/ and solutions/ from the marked regions in ag/")
+    assign.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
+    assign.add_argument("--root", default=None, help="the repository (default: the one ag is in)")
+    assign.set_defaults(run=_assign)
+    grade = commands.add_parser("grade", help="run the graded tests on a student's folder (Gradescope results)")
+    grade.add_argument("submission", nargs="?", help="folder holding the student's exN_*.py files")
+    grade.add_argument("--json", help="write Gradescope's results.json here")
+    grade.add_argument("--tests", default=None, help="graded tests folder (default: tests/grading)")
+    grade.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    grade.add_argument("--autograder", metavar="OUT.zip", help="write a Gradescope autograder bundle instead")
+    grade.set_defaults(run=_grade)
     return parser
 
 

@@ -232,8 +232,10 @@ def record_tensors() -> Iterator[list[Tensor]]:
 
 def discard_value_if_has_rematerializer(tensor: Tensor) -> None:
     """A tensor that can be recomputed is not a checkpoint: drop its value now."""
+    ### BEGIN SOLUTION
     if tensor.rematerializer is not None:
         tensor.value = None
+    ### END SOLUTION
 
 
 def release_unneeded(outputs: Sequence[Tensor], inputs: Sequence[Tensor] = ()) -> int:
@@ -297,8 +299,10 @@ def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool
                              "backward() freed; pass retain_graph=True to the first call")
         if node._backward is not None and node.grad is not None:
             _run_step(node)
+        ### BEGIN SOLUTION
         if not (node.is_leaf or node._retains_grad or config.eager_grads):
             node.grad = None
+        ### END SOLUTION
         if not keep_graph and not node.is_leaf:
             _free_graph(node)
         if node.op is not None:
@@ -329,10 +333,13 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
 
 
 def _run_step(node: Tensor) -> None:
+    """One backward step: beam back the values it reads, run its closure, discard them again."""
     needed = node._saved + ((node,) if node._saves_output else ())
+    ### BEGIN SOLUTION
     for t in needed:
         if t.value is None:
             t.value = rematerialize(t, f"backward of {node.op}")
+    ### END SOLUTION
     _step.begin(node)
     try:
         with _phase("backward"):
@@ -342,7 +349,9 @@ def _run_step(node: Tensor) -> None:
     for t in needed:
         t._needed_by -= 1
         if t._needed_by <= 0:  # no backward step left that reads it
+            ### BEGIN SOLUTION
             discard_value_if_has_rematerializer(t)
+            ### END SOLUTION
 
 
 def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
@@ -435,8 +444,10 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     grad = unbroadcast(np.asarray(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
+    ### BEGIN SOLUTION
     if tensor.grad is None:
         tensor.grad = grad if _step.can_own(grad) else grad.copy()
-        trace.watch_grad(tensor)
     else:
         tensor.grad += grad
+    ### END SOLUTION
+    trace.watch_grad(tensor)

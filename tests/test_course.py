@@ -1,0 +1,123 @@
+"""The course kit: generated exercises, the grader, and the Gradescope bundle."""
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ag import course
+
+REPO = Path(__file__).resolve().parent.parent
+GRADED_POINTS = 62
+
+
+def run_ag(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_exercises_and_solutions_are_in_sync_with_the_marked_source():
+    assert course.assign(check=True) == []
+
+
+def test_generation_is_idempotent(tmp_path):
+    assert len(course.assign(tmp_path)) == 2 * len(course.EXERCISES)
+    first = {p.name: p.read_text() for p in tmp_path.rglob("*.py")}
+    assert course.assign(tmp_path) == []
+    assert {p.name: p.read_text() for p in tmp_path.rglob("*.py")} == first
+
+
+def test_a_marked_region_becomes_the_stub_at_its_indent():
+    source = ("def f(x):\n    y = 1\n    if x:\n        ### BEGIN SOLUTION\n        y = x * 2\n"
+              "        ### END SOLUTION\n    return y\n")
+    assert course.cut_solutions(source, keep=False) == (
+        "def f(x):\n    y = 1\n    if x:\n        # YOUR CODE HERE\n        raise NotImplementedError()\n"
+        "    return y\n")
+    assert course.cut_solutions(source, keep=True) == (
+        "def f(x):\n    y = 1\n    if x:\n        y = x * 2\n    return y\n")
+
+
+def test_unbalanced_markers_are_reported():
+    with pytest.raises(ValueError, match="never closed"):
+        course.cut_solutions("### BEGIN SOLUTION\nx = 1\n", keep=False)
+    with pytest.raises(ValueError, match="without"):
+        course.cut_solutions("x = 1\n### END SOLUTION\n", keep=False)
+
+
+@pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)
+def test_each_solution_prints_what_its_statement_promises(exercise):
+    result = subprocess.run([sys.executable, str(REPO / "solutions" / exercise.filename)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == exercise.expected
+
+
+@pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)
+def test_each_untouched_exercise_stops_at_a_stub(exercise):
+    result = subprocess.run([sys.executable, str(REPO / "exercises" / exercise.filename)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "NotImplementedError" in result.stderr
+
+
+def test_the_solutions_score_full_marks_and_the_results_validate(tmp_path):
+    result = run_ag("grade", "solutions", "--json", str(tmp_path / "results.json"))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    jsonschema.validate(results, course.RESULTS_SCHEMA)
+    assert results["score"] == results["max_score"] == GRADED_POINTS
+    assert all(t["status"] == "passed" for t in results["tests"])
+    assert {t["visibility"] for t in results["tests"]} == {"visible", "after_published"}
+
+
+def test_every_graded_test_fails_on_the_untouched_exercises():
+    report = course.grade(REPO / "exercises")
+    assert report.max_score == GRADED_POINTS and report.score == 0
+    assert all(t.status == "failed" and "NotImplementedError" in t.output for t in report.tests)
+
+
+def test_a_submission_that_hangs_crashes_exits_or_floods_loses_only_those_tests(tmp_path):
+    shutil.copytree(REPO / "solutions", tmp_path / "s")
+    sabotage = {
+        "ex3_online_softmax.py": ("def merge_softmax_blocks(", "    while True:\n        pass\n"),
+        "ex4_flash_forward.py": ("def tiled_forward(tiles", "    import sys\n    sys.exit(3)\n"),
+        "ex5_flash_backward.py": ("def tiled_backward(tiles", "    import os\n    os._exit(1)\n"),
+        "ex6_checkpoint_plan.py": ("def plan(n_layers", "    print('x' * 5_000_000)\n    raise RuntimeError('boom')\n"),
+    }
+    for name, (signature, body) in sabotage.items():
+        path = tmp_path / "s" / name
+        lines = path.read_text().splitlines(keepends=True)
+        start = next(i for i, line in enumerate(lines) if line.startswith(signature))
+        end = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(":"))
+        lines.insert(end + 1, body)
+        path.write_text("".join(lines))
+    report = course.grade(tmp_path / "s", timeout=5)
+    by_exercise = {}
+    for t in report.tests:
+        exercise = t.name.split(":")[0].split("_")[1] if "hidden" not in t.name else "ex3"
+        by_exercise.setdefault(exercise, []).append(t)
+    assert all(t.status == "passed" for ex in ("ex1", "ex2") for t in by_exercise[ex])
+    assert all(t.status == "failed" for ex in ("ex3", "ex4", "ex5", "ex6") for t in by_exercise[ex])
+    assert report.score == sum(t.max_score for ex in ("ex1", "ex2") for t in by_exercise[ex])
+    assert any("timed out" in t.output for t in by_exercise["ex3"])
+    assert all(len(t.output) <= 12_000 for t in report.tests)
+
+
+def test_the_autograder_bundle_holds_what_gradescope_runs(tmp_path):
+    result = run_ag("grade", "--autograder", str(tmp_path / "autograder.zip"))
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(tmp_path / "autograder.zip") as bundle:
+        names = set(bundle.namelist())
+        assert {"setup.sh", "run_autograder", "ag-src/pyproject.toml", "ag-src/ag/course.py",
+                "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py"} <= names
+        assert (bundle.getinfo("run_autograder").external_attr >> 16) & 0o111
+        assert b"ag grade /autograder/submission" in bundle.read("run_autograder")
+
+
+def test_assign_check_fails_when_an_exercise_was_edited_by_hand(tmp_path):
+    course.assign(tmp_path)
+    (tmp_path / "exercises" / course.EXERCISES[0].filename).write_text("# edited\n")
+    assert course.assign(tmp_path, check=True) == [tmp_path / "exercises" / course.EXERCISES[0].filename]
