@@ -185,8 +185,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     _check_block("flash_attention", "block_k", block_k)
     backend = _backend(backend, q)
     if backend == "cupy":
-        from . import attention_gpu
-        return attention_gpu.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+        raise NotImplementedError("flash_attention: the CuPy backend (CUDA kernels) is not part of this "
+                                  "version of ag yet; use backend='numpy' with NumPy arrays")
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
     heads = _check_shapes("flash_attention", tq, tk, tv)

@@ -28,11 +28,13 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     grad = unbroadcast(np.asarray(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
+    allocating = tensor.grad is None
     if tensor.grad is None:
         tensor.grad = grad if _step.can_own(grad) else grad.copy()
     else:
         tensor.grad += grad
-    trace.watch_grad(tensor)
+    if allocating:
+        trace.watch_grad(tensor)
 
 
 def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool = False):

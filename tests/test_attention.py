@@ -277,3 +277,9 @@ def test_flash_matches_torch_scaled_dot_product_attention(n_q, n_k, d, h, h_kv, 
     np.testing.assert_allclose(out, expected.detach().numpy(), rtol=0, atol=1e-10)
     for name, got, want in zip("qkv", grads, (tq.grad, tk.grad, tv.grad)):
         np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-10, err_msg=f"d{name}")
+
+
+def test_the_cupy_backend_says_it_is_not_there_yet():
+    q, k, v = qkv(4, 4, 8, 2, 2)
+    with pytest.raises(NotImplementedError, match="CuPy backend"):
+        flash_attention(q, k, v, backend="cupy")

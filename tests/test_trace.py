@@ -97,3 +97,12 @@ def test_the_category_accounting_agrees_with_tracemalloc_at_every_step(rng, chec
     assert max(s.categories["gradients"] for s in timeline) > 0
     if checkpoints != list(range(8)):
         assert max(s.categories["activations recomputed"] for s in timeline) > 0
+
+
+def test_a_grad_that_existed_before_the_timeline_is_not_counted_in_it(rng):
+    w = ag.Tensor(rng.standard_normal((100, 100)), requires_grad=True)
+    x = ag.Tensor(rng.standard_normal((10, 100)))
+    ag.sum(x @ w).backward()
+    with trace.tracing() as timeline:
+        ag.sum(x @ w).backward()
+    assert timeline[-1].categories["gradients"] == 0
