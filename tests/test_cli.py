@@ -4,7 +4,7 @@ import sys
 
 
 def run_ag(*args):
-    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True, timeout=600)
 
 
 def test_help_lists_the_demo_subcommand():
