@@ -12,9 +12,7 @@ from .trace import CATEGORIES, MB, Snapshot
 
 def _pyplot():
     try:
-        import matplotlib
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # its own backend choice: inline in Jupyter, Agg when headless
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError("ag.plot needs matplotlib: pip install 'ag[plot]'") from error
     return plt

@@ -101,6 +101,8 @@ class Tensor:
         self._graph_freed = False
         self._needed_by = 0
         trace.watch_value(self)
+        if self.grad is not None:
+            trace.watch_grad(self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -212,7 +214,7 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
         discard_value_if_has_rematerializer(t)
     if _recorders:
         _recorders[-1].append(output)
-    trace.record("forward", op, output.name)
+    trace.record(config.phase, op, output.name)  # "recompute" when a rematerializer runs it
     return output
 
 

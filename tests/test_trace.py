@@ -106,3 +106,19 @@ def test_a_grad_that_existed_before_the_timeline_is_not_counted_in_it(rng):
     with trace.tracing() as timeline:
         ag.sum(x @ w).backward()
     assert timeline[-1].categories["gradients"] == 0
+
+
+def test_ops_run_by_a_rematerializer_are_labelled_recompute(rng):
+    weights = [ag.Tensor(rng.standard_normal((4, 4)), requires_grad=True) for _ in range(3)]
+    layers = [lambda h, w=w: h @ w for w in weights]
+    with trace.tracing() as timeline:
+        ag.sum(ag.remat.sequential(layers, ag.Tensor(rng.standard_normal((2, 4))), [])).backward()
+    assert [s.phase for s in timeline].count("recompute") == 2  # x_0 and x_1, replayed for layer 2
+    assert [s.phase for s in timeline][:4] == ["forward"] * 4
+
+
+def test_eager_grads_are_counted_in_the_categories(rng):
+    with ag.eager_grads(), trace.tracing() as timeline:
+        ag.matmul(ag.Tensor(rng.standard_normal((100, 10))), ag.Tensor(rng.standard_normal((10, 10))))
+    # the two leaves were made inside the timeline too: their values and their grads count
+    assert timeline[-1].categories["gradients"] == timeline[-1].allocated_bytes // 2
