@@ -94,13 +94,15 @@ def test_a_submission_that_hangs_crashes_exits_or_floods_loses_only_those_tests(
         end = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(":"))
         lines.insert(end + 1, body)
         path.write_text("".join(lines))
-    report = course.grade(tmp_path / "s", timeout=5)
+    report = course.grade(tmp_path / "s", timeout=20)  # long enough for ex1's 1.5 GFLOP lecture chain
     by_exercise = {}
     for t in report.tests:
         exercise = t.name.split(":")[0].split("_")[1] if "hidden" not in t.name else "ex3"
         by_exercise.setdefault(exercise, []).append(t)
-    assert all(t.status == "passed" for ex in ("ex1", "ex2") for t in by_exercise[ex])
-    assert all(t.status == "failed" for ex in ("ex3", "ex4", "ex5", "ex6") for t in by_exercise[ex])
+    for ex, status in (("ex1", "passed"), ("ex2", "passed"), ("ex3", "failed"), ("ex4", "failed"),
+                       ("ex5", "failed"), ("ex6", "failed")):
+        for t in by_exercise[ex]:
+            assert t.status == status, f"{t.name}: {t.status}\n{t.output[-2000:]}"
     assert report.score == sum(t.max_score for ex in ("ex1", "ex2") for t in by_exercise[ex])
     assert any("timed out" in t.output for t in by_exercise["ex3"])
     assert all(len(t.output) <= 12_000 for t in report.tests)
