@@ -70,6 +70,16 @@ def matmul_chain(batch: int, n_layers: int, *, eager: bool, width: int = N,
     return ChainRun(forward, backward)
 
 
+def table(header, rows) -> None:
+    """Print rows under a header, each column right-aligned to its widest cell."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for j, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
 def _mb_row(snapshots: list[trace.Snapshot]) -> str:
     return ", ".join(str(s.allocated_mb) for s in snapshots)
 

@@ -117,3 +117,14 @@ def scaling(series: Mapping[str, Sequence[tuple[int, int]]], *, title: str = "Pe
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     return _finish(fig, ax, "sequence length N", "peak memory (MB)", title + " (dotted: N and N²)", path)
+
+
+def show(fig) -> None:
+    """Display a figure in a notebook as a PNG, whatever matplotlib's backend (headless Agg too)."""
+    import io
+
+    from IPython.display import Image, display
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    _pyplot().close(fig)
+    display(Image(buffer.getvalue()))

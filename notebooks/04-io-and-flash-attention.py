@@ -26,11 +26,9 @@
 # - what the tile size trades: memory per tile against passes over K and V.
 
 # %%
-import io
 
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Image, display
 
 import ag
 import ag.plot
@@ -41,22 +39,7 @@ from ag.attention import (flash_attention, merge_softmax_blocks, naive_attention
 MB = ag.trace.MB
 
 
-def table(header, rows):
-    """Print rows under a header, each column right-aligned to its widest cell."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for j, row in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
-
-
-def show(fig):
-    """Display a figure as a PNG whatever matplotlib's backend (ag.plot selects headless Agg)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    display(Image(buffer.getvalue()))
+table, show = demo.table, ag.plot.show  # the helpers every notebook uses
 
 
 def softmax_then_v(s, v):
