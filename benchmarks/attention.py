@@ -1,0 +1,559 @@
+"""Attention on the CPU: ag's FlashAttention-2 on NumPy against ag's naive attention and torch SDPA.
+
+    python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 5 min
+    python benchmarks/attention.py --quick   # N = 256..1024, a small sweep: about 20 s
+    python benchmarks/attention.py --block-q 64 --block-k 512   # flash with other tiles than ag's defaults
+
+q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
+The three contestants:
+
+- ag ``flash_attention`` (``ag/attention.py``: FlashAttention-2's tiles, every head of a tile at once);
+- ag ``naive_attention`` (S = QKᵀ and P = softmax(S) materialized by ag ops), with
+  ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
+- ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
+
+1. Tile sweep: flash's forward + backward step for block_q × block_k at N = 2048 (both masks), then
+   the best few (and ag's defaults) again at N = 4096.
+2. Time: the forward pass alone (no graph), and one training step, forward + backward of
+   loss = sum(O ∘ dO). Medians and bests of runs that take turns in one process, so that drift in
+   the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
+   the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
+   Goals: flash <= 1.3 × naive and flash <= 2 × torch, in time.
+3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the
+   growth of the resident set in a fresh subprocess (``_memory.py``). Goal: flash <= naive / 10.
+4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
+   alone as ag writes it and with the in-place form next to it, scaled to a whole pass.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import timeit
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ag  # noqa: E402
+from _memory import rss_peak_of, run_worker  # noqa: E402
+from ag import attention  # noqa: E402
+from ag.attention import flash_attention, naive_attention  # noqa: E402
+from mlp import machine_lines, print_table  # noqa: E402
+
+MB = 10**6
+B, H, D = 1, 8, 64
+NAIVE_GOAL = 1.3   # flash time / naive time
+TORCH_GOAL = 2.0   # flash time / torch time
+MEMORY_GOAL = 0.1  # flash peak / naive peak
+BLOCKS = (64, 128, 256, 512, 1024)
+
+
+# ---- inputs and the three contestants ----
+
+def make_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """q, k, v and the fixed output grad dO, float32 (B, H, n, D), standard normal."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(4))
+
+
+def flops(n: int, causal: bool, passes: float = 1.0) -> float:
+    """4·B·H·N²·d per forward (passes = 3.5 for forward + backward), halved when causal."""
+    return passes * 4 * B * H * n * n * D / (2 if causal else 1)
+
+
+class AgAttention:
+    """ag's flash or naive attention: a forward on arrays, and a step on Tensors with grads."""
+
+    def __init__(self, fn: Callable, inputs, causal: bool, release: bool = True, **blocks) -> None:
+        self.fn, self.causal, self.release, self.blocks = fn, causal, release, blocks
+        self.arrays = inputs[:3]
+        self.q, self.k, self.v = (ag.Tensor(x, requires_grad=True) for x in inputs[:3])
+        self.do = ag.Tensor(inputs[3])
+
+    def forward(self) -> np.ndarray:
+        return self.fn(*self.arrays, causal=self.causal, **self.blocks)
+
+    def step_forward(self) -> ag.Tensor:
+        """Forward of loss = sum(O ∘ dO) with the graph recorded; the leaves' grads start empty."""
+        for t in (self.q, self.k, self.v):
+            t.zero_grad()
+        o = self.fn(self.q, self.k, self.v, causal=self.causal, **self.blocks)
+        if self.release:
+            ag.release_unneeded([o], [self.q, self.k, self.v])  # naive: S and its scaled copy go now
+        return ag.sum(ag.mul(o, self.do))
+
+    def step(self) -> None:
+        self.step_forward().backward()
+
+    def grads(self) -> list[np.ndarray]:
+        return [self.q.grad, self.k.grad, self.v.grad]
+
+
+class TorchAttention:
+    """``torch.nn.functional.scaled_dot_product_attention``, the same inputs, the same loss."""
+
+    def __init__(self, inputs, causal: bool) -> None:
+        import torch
+        self.torch, self.causal = torch, causal
+        self.arrays = [torch.from_numpy(x) for x in inputs[:3]]
+        self.q, self.k, self.v = (torch.from_numpy(x.copy()).requires_grad_() for x in inputs[:3])
+        self.do = torch.from_numpy(inputs[3])
+
+    def forward(self):
+        return self.torch.nn.functional.scaled_dot_product_attention(*self.arrays, is_causal=self.causal)
+
+    def step(self) -> None:
+        for t in (self.q, self.k, self.v):
+            t.grad = None
+        o = self.torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.causal)
+        (o * self.do).sum().backward()
+
+    def grads(self) -> list[np.ndarray]:
+        return [t.grad.numpy() for t in (self.q, self.k, self.v)]
+
+
+def contestants(inputs, causal: bool, blocks: dict) -> dict[str, AgAttention | TorchAttention]:
+    return {"flash": AgAttention(flash_attention, inputs, causal, **blocks),
+            "naive": AgAttention(naive_attention, inputs, causal),
+            "torch": TorchAttention(inputs, causal)}
+
+
+def worst_differences(n: int, blocks: dict) -> dict[tuple[str, bool], float]:
+    """Largest relative difference of O and of dQ, dK, dV from naive's, for flash and torch."""
+    inputs = make_inputs(n)
+    worst = {}
+    for causal in (False, True):
+        runs = contestants(inputs, causal, blocks)
+        for r in runs.values():
+            r.step()
+        reference = [runs["naive"].forward()] + runs["naive"].grads()
+        for name in ("flash", "torch"):
+            got = [np.asarray(runs[name].forward())] + runs[name].grads()
+            worst[(name, causal)] = max(float(np.max(np.abs(g - w)) / np.max(np.abs(w)))
+                                        for g, w in zip(got, reference))
+    return worst
+
+
+# ---- time ----
+
+def time_turns(runs: dict[str, Callable[[], object]], repeats: dict[str, int]) -> dict[str, list[float]]:
+    """Seconds per call of each run, the runs taking turns; ``repeats[name]`` calls of each."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for turn in range(max(repeats.values())):
+        for name, run in runs.items():
+            if turn < repeats[name]:
+                gc.collect()
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def timed_step(a: AgAttention) -> tuple[float, float]:
+    """(forward, backward) seconds of one training step."""
+    gc.collect()
+    start = time.perf_counter()
+    loss = a.step_forward()
+    middle = time.perf_counter()
+    loss.backward()
+    return middle - start, time.perf_counter() - middle
+
+
+def med(ts: list[float]) -> float:
+    return statistics.median(ts)
+
+
+def verdict(ratio: float, goal: float) -> str:
+    return "met" if ratio <= goal else "NOT met"
+
+
+# ---- 1. the tile sweep ----
+
+@dataclass(frozen=True)
+class TileTime:
+    """Seconds of flash's step for one (block_q, block_k): forward and backward of the fastest step
+    (the one least disturbed by other processes), and the median step."""
+
+    forward: float
+    backward: float
+    median: float
+
+    @property
+    def best(self) -> float:
+        return self.forward + self.backward
+
+
+def sweep(n: int, causal: bool, pairs: list[tuple[int, int]], repeats: int) -> dict[tuple[int, int], TileTime]:
+    inputs = make_inputs(n)
+    runs = {pair: AgAttention(flash_attention, inputs, causal, block_q=pair[0], block_k=pair[1]) for pair in pairs}
+    AgAttention(flash_attention, make_inputs(256), causal).step()  # warm-up: BLAS threads, NumPy's caches
+    times: dict[tuple[int, int], list[tuple[float, float]]] = {pair: [] for pair in pairs}
+    for _ in range(repeats):
+        for pair, run in runs.items():
+            times[pair].append(timed_step(run))
+    return {pair: TileTime(*min(ts, key=sum), med([f + b for f, b in ts])) for pair, ts in times.items()}
+
+
+def ranked(result: dict[tuple[int, int], TileTime]) -> list[tuple[int, int]]:
+    return sorted(result, key=lambda pair: result[pair].best)
+
+
+def print_sweep_grid(n: int, causal: bool, result: dict[tuple[int, int], TileTime], repeats: int) -> None:
+    qs, ks = sorted({q for q, _ in result}), sorted({k for _, k in result})
+    rows = [[str(q)] + [f"{result[(q, k)].best * 1e3:.0f}" if (q, k) in result else "" for k in ks] for q in qs]
+    print_table(f"1. flash step (forward + backward) at N = {n}, {mask_name(causal)}: best ms of {repeats} steps; "
+                "rows block_q, columns block_k", ["block_q \\ block_k"] + [str(k) for k in ks], rows)
+
+
+def print_sweep_ranking(n: int, causal: bool, result: dict[tuple[int, int], TileTime], defaults: tuple[int, int],
+                        count: int, repeats: int) -> None:
+    order = ranked(result)
+    shown = order[:count] + [p for p in [defaults] if p in result and p not in order[:count]]
+    fastest = result[order[0]].best
+    rows = []
+    for pair in shown:
+        t = result[pair]
+        rows.append([f"{pair[0]} x {pair[1]}", "default" if pair == defaults else "",
+                     f"{t.forward * 1e3:.0f}", f"{t.backward * 1e3:.0f}", f"{t.best * 1e3:.0f}",
+                     f"{t.median * 1e3:.0f}", f"{flops(n, causal, 1) / t.forward / 1e9:.0f}",
+                     f"{flops(n, causal, 2.5) / t.backward / 1e9:.0f}", f"{t.best / fastest:.2f}",
+                     f"{H * pair[0] * pair[1] * 4 / MB:.2f}"])
+    print_table(f"   N = {n}, {mask_name(causal)}: the fastest {min(count, len(order))} by best of {repeats} steps "
+                "(and ag's default)",
+                ["block_q x block_k", "", "forward ms", "backward ms", "best step ms", "median step ms",
+                 "fwd GFLOP/s", "bwd GFLOP/s", "best / fastest", "S tile MB (H heads)"], rows)
+
+
+def tile_sweep(args, defaults: tuple[int, int]) -> None:
+    """The whole grid at the smaller N, then its fastest few and ag's defaults at the larger N."""
+    n_small, n_large = args.sweep_n
+    grid = [(q, k) for q in BLOCKS for k in BLOCKS if q <= n_small and k <= n_small]
+    for causal in (False, True):
+        result = sweep(n_small, causal, grid, args.sweep_repeats[0])
+        print_sweep_grid(n_small, causal, result, args.sweep_repeats[0])
+        print_sweep_ranking(n_small, causal, result, defaults, args.sweep_top, args.sweep_repeats[0])
+        pairs = list(dict.fromkeys(ranked(result)[:args.sweep_top] + [defaults]))
+        large = sweep(n_large, causal, pairs, args.sweep_repeats[1])
+        print_sweep_ranking(n_large, causal, large, defaults, len(pairs), args.sweep_repeats[1])
+
+
+def mask_name(causal: bool) -> str:
+    return "causal" if causal else "non-causal"
+
+
+# ---- 2. time of the forward pass and of the step ----
+
+def repeats_for(n: int, args) -> dict[str, int]:
+    """Runs of each contestant at N: fewer for naive at large N (its N×N arrays fault in at ~3 µs per
+    4 KiB page on this machine, 1.6 s for one array at N = 8192)."""
+    i = args.sizes.index(n)
+    return {"flash": args.repeats[i], "torch": args.repeats[i], "naive": args.naive_repeats[i]}
+
+
+def time_rows(n: int, causal: bool, blocks: dict, args) -> tuple[list[str], list[str]]:
+    runs = contestants(make_inputs(n), causal, blocks)
+    repeats = repeats_for(n, args)
+    calls = {f"{name} forward": r.forward for name, r in runs.items()}
+    calls |= {f"{name} step": r.step for name, r in runs.items()}
+    times = time_turns(calls, {c: repeats[c.split()[0]] for c in calls})
+    del runs
+    return (time_row(n, causal, "forward", times, 1.0), time_row(n, causal, "step", times, 3.5))
+
+
+def time_row(n: int, causal: bool, what: str, times: dict, passes: float) -> list[str]:
+    m = {name: med(times[f"{name} {what}"]) for name in ("flash", "naive", "torch")}
+    best = {name: min(times[f"{name} {what}"]) for name in ("flash", "naive", "torch")}
+    to_naive, to_torch = m["flash"] / m["naive"], m["flash"] / m["torch"]
+    runs = "/".join(str(len(times[f"{name} {what}"])) for name in ("flash", "naive", "torch"))
+    return [str(n), mask_name(causal)] + [f"{m[x] * 1e3:.0f}" for x in ("flash", "naive", "torch")] + \
+        [f"{flops(n, causal, passes) / m[x] / 1e9:.0f}" for x in ("flash", "naive", "torch")] + \
+        [f"{to_naive:.2f}", verdict(to_naive, NAIVE_GOAL), f"{to_torch:.2f}", verdict(to_torch, TORCH_GOAL),
+         f"{best['flash'] / best['naive']:.2f}", f"{best['flash'] / best['torch']:.2f}", runs]
+
+
+TIME_HEADER = ["N", "mask", "flash ms", "naive ms", "torch ms", "flash GFLOP/s", "naive GFLOP/s", "torch GFLOP/s",
+               "flash/naive", f"goal <= {NAIVE_GOAL}", "flash/torch", f"goal <= {TORCH_GOAL:.0f}",
+               "best flash/naive", "best flash/torch", "runs f/n/t"]
+
+
+def time_tables(args, blocks: dict) -> None:
+    forward_rows, step_rows = [], []
+    for n in args.sizes:
+        for causal in (False, True):
+            forward, step = time_rows(n, causal, blocks, args)
+            forward_rows.append(forward)
+            step_rows.append(step)
+    print_time_tables(forward_rows, step_rows, blocks)
+
+
+def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None:
+    tiles = f"flash tiles {blocks['block_q']} x {blocks['block_k']}"
+    print_table(f"2a. Forward pass alone (no graph): median ms, GFLOP/s at 4·B·H·N²·d (halved when causal); "
+                f"{tiles}",
+                TIME_HEADER, forward_rows)
+    print_table(f"2b. Training step, forward + backward of sum(O ∘ dO): median ms, GFLOP/s at 3.5 × the forward "
+                f"count; {tiles}", TIME_HEADER, step_rows)
+    for what, rows in (("forward", forward_rows), ("step", step_rows)):
+        naive_met = sum(r[9] == "met" for r in rows)
+        torch_met = sum(r[11] == "met" for r in rows)
+        print(f"goals, {what}: flash <= {NAIVE_GOAL} x naive in {naive_met} of {len(rows)} rows; "
+              f"flash <= {TORCH_GOAL:.0f} x torch in {torch_met} of {len(rows)} rows")
+
+
+# ---- 3. peak memory of one step ----
+
+def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
+    """In a fresh process: warm up on a small N, then the peak of one step at N (RSS; and tracemalloc for ag)."""
+    small, inputs = make_inputs(min(n, 256)), make_inputs(n)
+    if framework == "torch":
+        TorchAttention(small, causal).step()  # warm-up: thread pools, lazy initialisation
+        run = TorchAttention(inputs, causal)
+    else:
+        fn = flash_attention if framework == "flash" else naive_attention
+        options = blocks if framework == "flash" else {}
+        AgAttention(fn, small, causal, **options).step()
+        run = AgAttention(fn, inputs, causal, **options)
+    del small, inputs
+    result = {}
+    result["rss_peak"], result["rss_after"] = rss_peak_of(run.step)
+    if framework != "torch":
+        result["tracemalloc_peak"] = traced_peak(run)  # the inputs and dO exist already: not counted
+    return result
+
+
+def measure_memory(framework: str, n: int, causal: bool, blocks: dict) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, str(n), str(int(causal)),
+           "--block-q", str(blocks["block_q"]), "--block-k", str(blocks["block_k"])]
+    return run_worker(cmd, f"{framework} N={n} {mask_name(causal)}")
+
+
+def memory_row(n: int, causal: bool, blocks: dict) -> list[str]:
+    mem = {name: measure_memory(name, n, causal, blocks) for name in ("flash", "naive", "torch")}
+    traced = mem["flash"]["tracemalloc_peak"] / mem["naive"]["tracemalloc_peak"]
+    rss = mem["flash"]["rss_peak"] / mem["naive"]["rss_peak"]
+    return [str(n), mask_name(causal), f"{H * n * n * 4 / MB:.0f}",
+            f"{mem['flash']['tracemalloc_peak'] / MB:.1f}", f"{mem['naive']['tracemalloc_peak'] / MB:.0f}",
+            f"{traced:.4f}", verdict(traced, MEMORY_GOAL),
+            f"{mem['flash']['rss_peak'] / MB:.1f}", f"{mem['naive']['rss_peak'] / MB:.0f}",
+            f"{mem['torch']['rss_peak'] / MB:.1f}", f"{rss:.4f}", verdict(rss, MEMORY_GOAL),
+            f"{mem['flash']['rss_peak'] / mem['torch']['rss_peak']:.2f}"]
+
+
+def traced_peak(run: AgAttention) -> int:
+    gc.collect()
+    ag.trace.start_trace()
+    try:
+        run.step()
+        return ag.trace.snapshot_trace().peak_bytes
+    finally:
+        ag.trace.end_trace()
+
+
+def print_release_effect(n: int) -> None:
+    """naive's tracemalloc peak with and without ag.release_unneeded, in N×N×H arrays."""
+    inputs, array = make_inputs(n), H * n * n * 4
+    parts = []
+    for causal in (False, True):
+        with_release, without = (traced_peak(AgAttention(naive_attention, inputs, causal, release=r))
+                                 for r in (True, False))
+        parts.append(f"{mask_name(causal)} {with_release / array:.2f} with it, {without / array:.2f} without")
+    print(f"naive's peak in N×N×H arrays (tracemalloc, N = {n}): " + "; ".join(parts))
+
+
+def memory_tables(args, blocks: dict) -> None:
+    print_memory_table([memory_row(args.sizes[-1], False, blocks)])
+    print_release_effect(args.sizes[0])
+
+
+def print_memory_table(rows: list) -> None:
+    print_table(f"3. Peak memory of one step (forward + backward; goal flash <= {MEMORY_GOAL} x naive)",
+                ["N", "mask", "one N×N×H array MB", "flash tracemalloc MB", "naive tracemalloc MB", "flash/naive",
+                 "goal", "flash RSS MB", "naive RSS MB", "torch RSS MB", "flash/naive (RSS)", "goal (RSS)",
+                 "flash/torch (RSS)"], rows)
+    print(MEMORY_METHOD)
+
+
+MEMORY_METHOD = """
+Method: each contestant in a fresh subprocess; q, k, v and dO exist before the step, the grads of
+q, k and v are made during it (they count). One warm-up step at N = 256, then the RSS method of
+mlp.py (VmHWM during one step, reset through /proc/self/clear_refs, minus VmRSS before it, with
+MALLOC_MMAP_THRESHOLD_=131072), then for ag a second step under tracemalloc (ag.trace)."""
+
+
+# ---- 4. where flash's time goes, one tile at a time ----
+
+def best_us(stmt: Callable[[], object], number: int, repeat: int = 7) -> float:
+    return min(timeit.repeat(stmt, number=number, repeat=repeat)) / number * 1e6
+
+
+def tile_arrays(block_q: int, block_k: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """One tile's operands in ag's grouped layout (B, H, group = 1, rows, d), scores of a realistic size."""
+    rng = np.random.default_rng(seed)
+
+    def a(*shape):
+        return rng.standard_normal((B, H, 1) + shape, dtype=np.float32)
+    t = {"q_i": a(block_q, D), "k_j": a(block_k, D), "v_j": a(block_k, D), "do_i": a(block_q, D),
+         "m": a(block_q, 1), "d_i": a(block_q, 1), "acc": a(block_q, D), "dq": a(block_q, D),
+         "dk": a(block_k, D), "dv": a(block_k, D)}
+    t["s"] = np.matmul(t["q_i"], np.swapaxes(t["k_j"], -1, -2)) / math.sqrt(D)
+    t["m"] = np.max(t["s"], axis=-1, keepdims=True)
+    t["p"] = np.exp(t["s"] - t["m"])
+    t["buf"] = np.empty_like(t["s"])
+    t["alpha"] = np.ones_like(t["m"])  # ones: repeated in-place rescaling keeps the values as they are
+    return t
+
+
+def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, Callable, str, Callable | None]]:
+    """(pass, step, as ag writes it, the alternative, its statement): each statement one tile's worth."""
+    s, p, buf, scale = t["s"], t["p"], t["buf"], np.float32(1 / math.sqrt(D))
+    sw = np.swapaxes
+    rows, cols = np.arange(block_q), np.arange(block_k)
+    visible = cols[None, :] <= rows[:, None]
+    additive = np.where(visible, 0, -np.inf).astype(np.float32)
+
+    def ag_mask():
+        v = attention._visible(True, rows, cols, block_q, block_k)
+        if not v.all():
+            buf[..., ~v] = -np.inf
+
+    def ag_mask_check():  # an off-diagonal tile: the mask is built and found all True
+        return attention._visible(True, rows + block_k, cols, block_q, block_k).all()
+
+    def inplace_ds():
+        dp = np.matmul(t["do_i"], sw(t["v_j"], -1, -2))
+        dp -= t["d_i"]
+        dp *= p
+
+    def inplace_acc():
+        t["acc"] *= t["alpha"]
+        t["acc"] += np.matmul(p, t["v_j"])
+
+    return [
+        ("fwd+bwd", "S = Q_i K_jᵀ", lambda: np.matmul(t["q_i"], sw(t["k_j"], -1, -2)), "", None),
+        ("fwd+bwd", "S *= scale", lambda: np.multiply(s, scale, out=buf), "scale folded into Q_i (per row of tiles)",
+         lambda: None),
+        ("fwd", "m_new = max(m_i, rowmax S)", lambda: np.maximum(t["m"], np.max(s, axis=-1, keepdims=True)), "", None),
+        ("fwd", "P = exp(S - m_new, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= m; exp(S, out=S)",
+         lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
+        ("fwd", "l_i = α l_i + rowsum P", lambda: t["alpha"] * t["m"] + np.sum(p, axis=-1, keepdims=True), "", None),
+        ("fwd", "acc = α acc + P V_j", lambda: t["alpha"] * t["acc"] + np.matmul(p, t["v_j"]),
+         "acc *= α; acc += P V_j", inplace_acc),
+        ("bwd", "P = exp(S - L_i, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= L_i; exp(S, out=S)",
+         lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
+        ("bwd", "dV_j += Σ_group Pᵀ dO_i", lambda: np.add(t["dv"], np.sum(np.matmul(sw(p, -1, -2), t["do_i"]),
+                                                                            axis=-3, keepdims=True), out=t["dv"]),
+         "no Σ when group = 1", lambda: np.add(t["dv"], np.matmul(sw(p, -1, -2), t["do_i"]), out=t["dv"])),
+        ("bwd", "dS = P ∘ (dO_i V_jᵀ - D_i); dS *= scale",
+         lambda: np.multiply(p * (np.matmul(t["do_i"], sw(t["v_j"], -1, -2)) - t["d_i"]), scale, out=buf),
+         "dP -= D_i; dP *= P (scale at the end)", inplace_ds),
+        ("bwd", "dQ_i += dS K_j", lambda: np.add(t["dq"], np.matmul(p, t["k_j"]), out=t["dq"]), "", None),
+        ("bwd", "dK_j += Σ_group dSᵀ Q_i", lambda: np.add(t["dk"], np.sum(np.matmul(sw(p, -1, -2), t["q_i"]),
+                                                                           axis=-3, keepdims=True), out=t["dk"]),
+         "no Σ when group = 1", lambda: np.add(t["dk"], np.matmul(sw(p, -1, -2), t["q_i"]), out=t["dk"])),
+        ("causal", "diagonal tile: S[~visible] = -inf", ag_mask, "S += additive 0/-inf tile (cached)",
+         lambda: np.add(s, additive, out=buf)),
+        ("causal", "other tiles: build mask, .all()", ag_mask_check, "compare k_start + block_k with q_start",
+         lambda: block_k <= block_q),
+    ]
+
+
+def anatomy(n: int, blocks: dict, number: int) -> None:
+    block_q, block_k = blocks["block_q"], blocks["block_k"]
+    t = tile_arrays(block_q, block_k)
+    tiles = math.ceil(n / block_q) * math.ceil(n / block_k)
+    rows, totals = [], {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
+    for phase, step, stmt, alternative, alt_stmt in anatomy_steps(t, block_q, block_k):
+        us = best_us(stmt, number)
+        alt_us = best_us(alt_stmt, number) if alt_stmt is not None else us
+        for part in ("fwd", "bwd"):
+            if part in phase.split("+"):
+                totals[part][0] += us
+                totals[part][1] += alt_us
+        per_pass = "" if phase == "causal" else f"{us * tiles / 1e3:.0f}"
+        rows.append([phase, step, f"{us:.0f}", per_pass, alternative,
+                     f"{alt_us:.0f}" if alt_stmt is not None else "",
+                     f"{alt_us / us:.2f}" if alt_stmt is not None else ""])
+    print_table(f"4. One tile of flash ({block_q} x {block_k}, all {H} heads), each NumPy call timed alone: best µs "
+                f"per tile of {number}-call loops; ms per non-causal pass at N = {n} ({tiles} tiles)",
+                ["pass", "step as ag writes it", "µs / tile", f"ms at N={n}", "alternative", "µs / tile",
+                 "alt / ag"], rows)
+    for part, (as_ag, alt) in totals.items():
+        measured = flops(n, False, 1 if part == "fwd" else 2.5)
+        print(f"   {part}: sum of the steps {as_ag * tiles / 1e3:.0f} ms per pass at N = {n} "
+              f"({measured / (as_ag * tiles / 1e6) / 1e9:.0f} GFLOP/s); with the alternatives "
+              f"{alt * tiles / 1e3:.0f} ms ({alt / as_ag - 1:+.0%})")
+
+
+# ---- main ----
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
+    parser.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--block-q", type=int, default=attention.DEFAULT_BLOCK_Q)
+    parser.add_argument("--block-k", type=int, default=attention.DEFAULT_BLOCK_K)
+    parser.add_argument("--repeats", type=_ints, default=[5, 5, 3, 2], help="runs of each contestant, per N")
+    parser.add_argument("--naive-repeats", type=_ints, default=[5, 5, 2, 1], help="runs of naive, per N")
+    parser.add_argument("--sweep-n", type=_ints, default=[2048, 4096])
+    parser.add_argument("--sweep-repeats", type=_ints, default=[2, 2], help="steps of each tile size, per sweep N")
+    parser.add_argument("--sweep-top", type=int, default=2)
+    parser.add_argument("--anatomy-n", type=int, default=4096)
+    parser.add_argument("--anatomy-number", type=int, default=10)
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy")
+    parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.repeats, args.naive_repeats = [256, 512, 1024], [3] * 3, [3] * 3
+        args.sweep_n, args.sweep_repeats, args.anatomy_n, args.anatomy_number = [512, 1024], [2, 2], 1024, 5
+    for name in ("repeats", "naive_repeats"):
+        if len(getattr(args, name)) != len(args.sizes):
+            parser.error(f"--{name.replace('_', '-')} needs one count per size in --sizes {args.sizes}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    blocks = {"block_q": args.block_q, "block_k": args.block_k}
+    if args.memory_worker:
+        framework, n, causal = args.memory_worker
+        print(json.dumps(memory_worker(framework, int(n), bool(int(causal)), blocks)))
+        return
+    skip = set(filter(None, args.skip.split(",")))
+    started = time.perf_counter()
+    print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {args.block_q} x {args.block_k} "
+          f"(ag's defaults: {attention.DEFAULT_BLOCK_Q} x {attention.DEFAULT_BLOCK_K})")
+    for line in machine_lines():
+        print(line)
+    print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          "(other processes on the machine slow every contestant and add noise)")
+    worst = worst_differences(args.sizes[0], blocks)
+    print(f"max relative difference from naive at N = {args.sizes[0]} (O, dQ, dK, dV): " +
+          ", ".join(f"{name} {mask_name(c)} {w:.1e}" for (name, c), w in worst.items()))
+
+    parts = {"sweep": lambda: tile_sweep(args, (attention.DEFAULT_BLOCK_Q, attention.DEFAULT_BLOCK_K)),
+             "time": lambda: time_tables(args, blocks), "memory": lambda: memory_tables(args, blocks),
+             "anatomy": lambda: anatomy(args.anatomy_n, blocks, args.anatomy_number)}
+    took = {}
+    for name, part in parts.items():
+        if name not in skip:
+            start = time.perf_counter()
+            part()
+            took[name] = time.perf_counter() - start
+    print(f"\nload average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the run took "
+          f"{time.perf_counter() - started:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()) + ")")
+
+
+if __name__ == "__main__":
+    main()
