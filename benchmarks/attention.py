@@ -1,8 +1,8 @@
 """Attention on the CPU: ag's FlashAttention-2 on NumPy against ag's naive attention and torch SDPA.
 
-    python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 5 min
-    python benchmarks/attention.py --quick   # N = 256..1024, a small sweep: about 20 s
-    python benchmarks/attention.py --block-q 64 --block-k 512   # flash with other tiles than ag's defaults
+    python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 5 min on 2 cores
+    python benchmarks/attention.py --quick   # N = 256..1024, sweep at 512 and 1024: about 35 s
+    python benchmarks/attention.py --block-q 256 --block-k 256 --skip sweep,memory   # other tiles than ag's defaults
 
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
@@ -12,8 +12,10 @@ The three contestants:
   ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
 - ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
 
-1. Tile sweep: flash's forward + backward step for block_q × block_k at N = 2048 (both masks), then
-   the best few (and ag's defaults) again at N = 4096.
+1. Tile sweep: flash's forward + backward step for block_q × block_k in 64..1024 at N = 2048 (both
+   masks), then the fastest two and ag's defaults again at N = 4096; ranked by the best of a few steps,
+   the one least disturbed by other processes. ``--sweep-pairs 128x256,256x256 --sweep-n 4096
+   --sweep-repeats 10`` compares a few tile sizes with more steps.
 2. Time: the forward pass alone (no graph), and one training step, forward + backward of
    loss = sum(O ∘ dO). Medians and bests of runs that take turns in one process, so that drift in
    the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
@@ -233,7 +235,14 @@ def print_sweep_ranking(n: int, causal: bool, result: dict[tuple[int, int], Tile
 
 
 def tile_sweep(args, defaults: tuple[int, int]) -> None:
-    """The whole grid at the smaller N, then its fastest few and ag's defaults at the larger N."""
+    """The whole grid at the smaller N, then its fastest few and ag's defaults at the larger N;
+    with ``--sweep-pairs``, just those tile sizes at every N of ``--sweep-n``."""
+    if args.sweep_pairs:
+        for n, repeats in zip(args.sweep_n, args.sweep_repeats):
+            for causal in (False, True):
+                result = sweep(n, causal, args.sweep_pairs, repeats)
+                print_sweep_ranking(n, causal, result, defaults, len(result), repeats)
+        return
     n_small, n_large = args.sweep_n
     grid = [(q, k) for q in BLOCKS for k in BLOCKS if q <= n_small and k <= n_small]
     for causal in (False, True):
@@ -401,7 +410,7 @@ def tile_arrays(block_q: int, block_k: int, seed: int = 0) -> dict[str, np.ndarr
     def a(*shape):
         return rng.standard_normal((B, H, 1) + shape, dtype=np.float32)
     t = {"q_i": a(block_q, D), "k_j": a(block_k, D), "v_j": a(block_k, D), "do_i": a(block_q, D),
-         "m": a(block_q, 1), "d_i": a(block_q, 1), "acc": a(block_q, D), "dq": a(block_q, D),
+         "d_i": a(block_q, 1), "acc": a(block_q, D), "dq": a(block_q, D),
          "dk": a(block_k, D), "dv": a(block_k, D)}
     t["s"] = np.matmul(t["q_i"], np.swapaxes(t["k_j"], -1, -2)) / math.sqrt(D)
     t["m"] = np.max(t["s"], axis=-1, keepdims=True)
@@ -498,6 +507,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    return [(int(q), int(k)) for q, k in (pair.split("x") for pair in text.split(","))]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
@@ -509,6 +522,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sweep-n", type=_ints, default=[2048, 4096])
     parser.add_argument("--sweep-repeats", type=_ints, default=[2, 2], help="steps of each tile size, per sweep N")
     parser.add_argument("--sweep-top", type=int, default=2)
+    parser.add_argument("--sweep-pairs", type=_pairs, default=[], help="e.g. 128x256,256x256: only these tiles")
     parser.add_argument("--anatomy-n", type=int, default=4096)
     parser.add_argument("--anatomy-number", type=int, default=10)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy")
@@ -517,9 +531,11 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.sizes, args.repeats, args.naive_repeats = [256, 512, 1024], [3] * 3, [3] * 3
         args.sweep_n, args.sweep_repeats, args.anatomy_n, args.anatomy_number = [512, 1024], [2, 2], 1024, 5
-    for name in ("repeats", "naive_repeats"):
-        if len(getattr(args, name)) != len(args.sizes):
-            parser.error(f"--{name.replace('_', '-')} needs one count per size in --sizes {args.sizes}")
+    if not args.sweep_pairs and len(args.sweep_n) != 2:
+        parser.error(f"--sweep-n needs two sizes (the grid's N, then the larger N), got {args.sweep_n}")
+    for name, sizes in (("repeats", args.sizes), ("naive_repeats", args.sizes), ("sweep_repeats", args.sweep_n)):
+        if len(getattr(args, name)) != len(sizes):
+            parser.error(f"--{name.replace('_', '-')} needs one count per size in {sizes}")
     return args
 
 
