@@ -25,7 +25,7 @@ import numpy as np
 from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
 from .tensor import Tensor, accumulate_grad, make_output
 
-DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
 
@@ -218,6 +218,9 @@ class _Tiles:
     def __init__(self, heads: _Heads, causal, scale: float, block_q: int, block_k: int) -> None:
         self.heads, self.causal, self.scale = heads, causal, scale
         self.block_q, self.block_k = block_q, block_k
+        # query i sees keys 0..i + offset
+        self.offset = heads.n_k - heads.n_q if causal == "bottom_right" else 0
+        self._masks: dict[tuple, np.ndarray] = {}
 
     def grouped(self, x: np.ndarray, group: int) -> np.ndarray:
         """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
@@ -226,32 +229,47 @@ class _Tiles:
 
     def key_tiles(self, q_start: int, q_stop: int):
         """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key)."""
-        h = self.heads
-        stop = h.n_k
+        stop = self.heads.n_k
         if self.causal:
-            offset = h.n_k - h.n_q if self.causal == "bottom_right" else 0
-            stop = max(0, min(h.n_k, q_stop + offset))
+            stop = max(0, min(stop, q_stop + self.offset))
         return range(0, stop, self.block_k)
-
-    def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
-        """S_ij = scale · Q_i K_jᵀ, with masked entries set to -inf."""
-        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
-        s *= self.scale
-        visible = _visible(self.causal, np.arange(q_start, q_start + s.shape[-2]),
-                           np.arange(k_start, k_start + s.shape[-1]), self.heads.n_q, self.heads.n_k)
-        if visible is not None and not visible.all():
-            s[..., ~visible] = -np.inf
-        return s
 
     def query_tiles(self, k_start: int):
         """The query tiles that can see some key from k_start on (causal: skip tiles above it)."""
-        h = self.heads
         start = 0
         if self.causal:
-            offset = h.n_k - h.n_q if self.causal == "bottom_right" else 0
-            first_row = max(0, k_start - offset)  # the first query row that sees key k_start
+            first_row = max(0, k_start - self.offset)  # the first query row that sees key k_start
             start = first_row - first_row % self.block_q
-        return range(start, h.n_q, self.block_q)
+        return range(start, self.heads.n_q, self.block_q)
+
+    def scaled_queries(self, q: np.ndarray, rows: slice) -> np.ndarray:
+        """scale · Q_i: folding the scale into the query tile saves a pass over every score tile."""
+        return q[..., rows, :] * q.dtype.type(self.scale)
+
+    def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
+        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf (q_i comes scaled)."""
+        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
+        mask = self.mask(q_start, k_start, s.shape[-2], s.shape[-1], s.dtype)
+        if mask is not None:
+            s += mask
+        return s
+
+    def mask(self, q_start: int, k_start: int, rows: int, cols: int, dtype) -> np.ndarray | None:
+        """The causal mask of one tile as an additive (rows, cols) tile of 0 and -inf; None when
+        every query of the tile sees every key of it. Tiles on the same diagonal share one."""
+        if not self.causal or k_start + cols - 1 <= q_start + self.offset:
+            return None
+        key = (k_start - q_start, rows, cols, np.dtype(dtype))
+        if key not in self._masks:
+            visible = _visible(self.causal, np.arange(q_start, q_start + rows),
+                               np.arange(k_start, k_start + cols), self.heads.n_q, self.heads.n_k)
+            self._masks[key] = np.where(visible, 0, -np.inf).astype(dtype)
+        return self._masks[key]
+
+
+def _group_sum(x: np.ndarray) -> np.ndarray:
+    """Σ over the query heads of a group (axis -3); nothing to add when the group is one head."""
+    return x if x.shape[-3] == 1 else np.sum(x, axis=-3, keepdims=True)
 
 
 def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +282,7 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)
-        q_i = qg[..., rows, :]
+        q_i = tiles.scaled_queries(qg, rows)
         ### BEGIN SOLUTION
         m_i = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=dtype)
         l_i = np.zeros_like(m_i)
@@ -274,10 +292,12 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
             s = tiles.scores(q_i, kg[..., cols, :], q_start, k_start)
             m_new = np.maximum(m_i, np.max(s, axis=-1, keepdims=True))
             shift = np.where(np.isfinite(m_new), m_new, 0)  # a row with nothing visible yet
-            p = np.exp(s - shift, out=s)
+            s -= shift
+            p = np.exp(s, out=s)
             alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
             l_i = alpha * l_i + np.sum(p, axis=-1, keepdims=True)
-            acc = alpha * acc + np.matmul(p, vg[..., cols, :])
+            acc *= alpha
+            acc += np.matmul(p, vg[..., cols, :])
             m_i = m_new
         np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
         with np.errstate(divide="ignore"):
@@ -288,14 +308,16 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
 
 def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
-    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += dS K, dK += dSᵀ Q
-    (scale folded into dS; for GQA, dK and dV summed over the group)."""
+    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
+    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
+    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
     lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
-    dq, dk, dv = np.zeros_like(qg), np.zeros_like(kg), np.zeros_like(vg)
+    dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+    dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION
     d_row = np.sum(dog * og, axis=-1, keepdims=True)
     for k_start in range(0, h.n_k, tiles.block_k):
@@ -303,14 +325,16 @@ def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.n
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
         for q_start in tiles.query_tiles(k_start):
             rows = slice(q_start, q_start + tiles.block_q)
-            s = tiles.scores(qg[..., rows, :], k_j, q_start, k_start)
-            p = np.exp(s - lse_g[..., rows, :], out=s)
-            do_i = dog[..., rows, :]
-            dv[..., cols, :] += np.sum(np.matmul(np.swapaxes(p, -1, -2), do_i), axis=-3, keepdims=True)
-            ds = p * (np.matmul(do_i, np.swapaxes(v_j, -1, -2)) - d_row[..., rows, :])
-            ds *= tiles.scale
-            dq[..., rows, :] += np.matmul(ds, k_j)
-            dk[..., cols, :] += np.sum(np.matmul(np.swapaxes(ds, -1, -2), qg[..., rows, :]),
-                                       axis=-3, keepdims=True)
+            q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
+            s = tiles.scores(q_i, k_j, q_start, k_start)
+            s -= lse_g[..., rows, :]
+            p = np.exp(s, out=s)
+            dvg[..., cols, :] += _group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
+            ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
+            ds -= d_row[..., rows, :]
+            ds *= p
+            dqg[..., rows, :] += np.matmul(ds, k_j)
+            dkg[..., cols, :] += _group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     ### END SOLUTION
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
+    return dq, dk, dv

@@ -99,8 +99,9 @@ EXERCISES = (
         4, "flash_forward", "Tiled attention forward",
         "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
         "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
-        "once at the end, and store the row logsumexp m_i + log l_i. tiles.scores gives a masked, "
-        "scaled score tile; tiles.key_tiles the key tiles a query tile can see.",
+        "once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled (scale * Q_i); "
+        "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile; tiles.key_tiles the key "
+        "tiles a query tile can see.",
         (("attention", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention import _Tiles",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
@@ -111,11 +112,13 @@ EXERCISES = (
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
-        "tile that sees it, recompute P = exp(S - L) from the saved logsumexp L, then dV += P^T dO, "
-        "dP = dO V^T, dS = P * (dP - D) * scale, dQ += dS K, dK += dS^T Q (for GQA, dK and dV are "
-        "summed over the group axis -3).",
+        "tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) = scale * Q_i, "
+        "recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV += P^T dO, "
+        "dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg and dvg "
+        "(dq is multiplied by scale once after your loop; for GQA, _group_sum sums dK and dV over the "
+        "group axis -3).",
         (("attention", "tiled_backward"),),
-        "import numpy as np\n\nfrom ag.attention import _Tiles",
+        "import numpy as np\n\nfrom ag.attention import _Tiles, _group_sum",
         "import numpy as np\nimport ag\nfrom ag import course\nfrom ag.attention import flash_attention, "
         "naive_attention\ncourse.install(__name__)\nrng = np.random.default_rng(0)\n"
         "arrays = [rng.standard_normal((1, 2, 40, 8)) for _ in range(3)]\ngrads = []\n"

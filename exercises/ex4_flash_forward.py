@@ -2,8 +2,9 @@
 
 Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the
 key/value tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator
-acc, divide once at the end, and store the row logsumexp m_i + log l_i. tiles.scores gives a
-masked, scaled score tile; tiles.key_tiles the key tiles a query tile can see.
+acc, divide once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled
+(scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile;
+tiles.key_tiles the key tiles a query tile can see.
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex4_flash_forward.py
@@ -29,7 +30,7 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)
-        q_i = qg[..., rows, :]
+        q_i = tiles.scaled_queries(qg, rows)
         # YOUR CODE HERE
         raise NotImplementedError()
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])

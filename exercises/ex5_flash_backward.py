@@ -1,9 +1,11 @@
 """Exercise 5: Tiled attention backward by recomputation.
 
 Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each
-query tile that sees it, recompute P = exp(S - L) from the saved logsumexp L, then dV += P^T
-dO, dP = dO V^T, dS = P * (dP - D) * scale, dQ += dS K, dK += dS^T Q (for GQA, dK and dV are
-summed over the group axis -3).
+query tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) =
+scale * Q_i, recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV
++= P^T dO, dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg
+and dvg (dq is multiplied by scale once after your loop; for GQA, _group_sum sums dK and dV
+over the group axis -3).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex5_flash_backward.py
@@ -16,22 +18,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from ag.attention import _Tiles
+from ag.attention import _Tiles, _group_sum
 
 
 def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
-    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += dS K, dK += dSᵀ Q
-    (scale folded into dS; for GQA, dK and dV summed over the group)."""
+    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
+    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
+    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
     lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
-    dq, dk, dv = np.zeros_like(qg), np.zeros_like(kg), np.zeros_like(vg)
+    dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+    dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     # YOUR CODE HERE
     raise NotImplementedError()
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
+    return dq, dk, dv
 
 
 if __name__ == "__main__":
