@@ -1,9 +1,9 @@
 """ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
-from . import attention, remat, trace
+from . import attention, memory_model, nn, remat, trace
 from .trace import count_ops
-from .ops import (ShapeError, add, concat, div, exp, gelu, getitem, linear, log, log_softmax, logsumexp,
-                  matmul, max, mean, mul, neg, pow, relu, reshape, sigmoid, softmax, sqrt, sub,
-                  sum, tanh, transpose, where)
+from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
+                  log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
+                  scaled_masked_softmax, sigmoid, softmax, sqrt, sub, sum, tanh, transpose, where)
 from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
                      discard_value_if_has_rematerializer, eager_grads, make_output, no_grad,
                      release_unneeded, topological_sort, unbroadcast)
@@ -11,10 +11,10 @@ from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output",
     "discard_value_if_has_rematerializer", "release_unneeded",
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",
     "sqrt", "relu", "tanh", "sigmoid", "gelu", "linear", "reshape", "transpose", "getitem", "concat",
-    "softmax", "log_softmax", "logsumexp", "where",
+    "softmax", "log_softmax", "logsumexp", "where", "layer_norm", "dropout", "scaled_masked_softmax",
 ]

@@ -192,11 +192,13 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     heads = _check_shapes("flash_attention", tq, tk, tv)
     tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
     o, lse = tiled_forward(tiles, tq.value, tk.value, tv.value)
+    tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
     if not tensors:
         return (o, lse) if return_lse else o
 
     def _backward(out: Tensor) -> None:
         dq, dk, dv = tiled_backward(tiles, tq.value, tk.value, tv.value, out.value, lse, out.grad)
+        tiles.forget_masks()
         for t, g in ((tq, dq), (tk, dk), (tv, dv)):
             if t.requires_grad:
                 accumulate_grad(t, g)
@@ -254,6 +256,9 @@ class _Tiles:
             s += mask
         return s
 
+    def forget_masks(self) -> None:
+        self._masks.clear()
+
     def mask(self, q_start: int, k_start: int, rows: int, cols: int, dtype) -> np.ndarray | None:
         """The causal mask of one tile as an additive (rows, cols) tile of 0 and -inf; None when
         every query of the tile sees every key of it. Tiles on the same diagonal share one."""
@@ -278,7 +283,8 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dtype = np.result_type(q, k, v)
-    o = np.zeros(qg.shape, dtype=dtype)
+    # O in Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free
+    o = np.zeros_like(qg, dtype=dtype)
     lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)

@@ -7,7 +7,9 @@ it for a chain of layers ``x_k = layers[k](x_{k-1})``:
 - ``plan(n, strategy, ...)`` chooses which layer outputs to keep;
 - ``sequential(layers, x, checkpoints)`` runs the chain and wires the rematerializers;
 - ``predict(chain, checkpoints)`` says what a plan costs (peak bytes, recomputed FLOPs);
-- ``dynamic(layers, x, budget_bytes)`` evicts at run time, DTR-style, with no plan.
+- ``dynamic(layers, x, budget_bytes)`` evicts at run time, DTR-style, with no plan;
+- ``checkpoint(fn, *inputs)`` is the function form (``torch.utils.checkpoint``, Megatron's
+  and NeMo's recomputation): keep a block's inputs only, rerun the block in backward.
 
 Indices: layer k's output is ``x_k``; the chain's input (index -1) is always kept.
 A layer whose output is kept keeps everything it made that backward reads; a layer
@@ -23,7 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .tensor import GraphError, Tensor, no_grad, record_tensors, release_unneeded
+from .tensor import (GraphError, Tensor, _phase, accumulate_grad, backward, make_output, no_grad,
+                     record_tensors, release_unneeded)
 
 Layer = Callable[[Tensor], Tensor]
 STRATEGIES = ("none", "all", "uniform", "block", "sqrt", "greedy", "optimal")
@@ -59,6 +62,36 @@ def sequential(layers: Sequence[Layer], x: Tensor, checkpoints: Sequence[int], *
             chain.make_recomputable(k, last_kept, made, out)
         h = out
     return h
+
+
+def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
+    """y = fn(*inputs), keeping nothing that fn makes inside: only the inputs are saved.
+
+    Forward runs ``fn`` under ``no_grad``, so it builds no graph and its intermediates are
+    freed as it goes. Backward runs ``fn`` again on the saved inputs, this time with a graph,
+    and backpropagates ``dy`` through that rerun: one extra forward of the block, the price of
+    not storing its activations. ``fn`` must compute the same thing twice (seed its dropout).
+    """
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"checkpoint: inputs must be Tensors, got {type(t).__name__}")
+    with no_grad():
+        y = fn(*inputs)
+    if not isinstance(y, Tensor):
+        raise TypeError(f"checkpoint: fn returned {type(y).__name__}, expected a Tensor")
+
+    def _backward(out: Tensor) -> None:
+        again = [Tensor(t.value, requires_grad=t.requires_grad) for t in inputs]
+        with _phase("recompute"):
+            rerun = fn(*again)
+        if rerun.shape != out.shape:
+            raise GraphError(f"checkpoint: fn returned shape {rerun.shape} on its rerun, "
+                             f"{out.shape} the first time")
+        backward(rerun, out.grad)
+        for t, a in zip(inputs, again):
+            if a.grad is not None:
+                accumulate_grad(t, a.grad)
+    return make_output(y.value, "checkpoint", inputs, _backward, saves=inputs)
 
 
 class _Chain:

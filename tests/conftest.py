@@ -16,3 +16,13 @@ def _clean_engine_state():
     if ag.trace.is_tracing():
         ag.trace.end_trace()
     assert ag.config.grad_enabled and not ag.config.eager_grads
+
+
+@pytest.fixture
+def torch_or_skip():
+    """torch, or a skip; CI sets AG_REQUIRE_TORCH=1 so that a missing torch fails instead."""
+    import os
+    if os.environ.get("AG_REQUIRE_TORCH") is None:
+        return pytest.importorskip("torch")
+    import torch
+    return torch
