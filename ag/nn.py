@@ -93,17 +93,23 @@ class Dropout(Module):
     key gives the same mask: a rerun in backward matches its forward.
     """
 
-    def __init__(self, p: float, *, seed: int = 0) -> None:
+    def __init__(self, p: float, *, seed: int = 0, shard: Callable[[tuple], tuple] | None = None) -> None:
         if not 0 <= p < 1:
             raise ValueError(f"Dropout: p must be in [0, 1), got {p!r}")
-        self.p, self.seed, self.calls = p, seed, 0
+        self.p, self.seed, self.calls, self.shard = p, seed, 0, shard
 
     def __call__(self, x: Tensor, key: tuple[int, ...] | None = None) -> Tensor:
         if self.p == 0:
             return x
         if key is None:
             key, self.calls = (self.calls,), self.calls + 1
-        return ops.dropout(x, self.p, _rng((self.seed, *key)))
+        rng = _rng((self.seed, *key))
+        if self.shard is None:
+            return ops.dropout(x, self.p, rng)
+        # this rank's piece of the mask the whole (unsharded) tensor would get
+        full_shape, index = self.shard(x.shape)
+        mask = (rng.random(full_shape, dtype=np.float32) >= self.p)[index].copy()
+        return ops.dropout(x, self.p, mask=mask)
 
 
 class GeLU(Module):
@@ -149,9 +155,9 @@ class MultiHeadAttention(Module):
 
     def __call__(self, x: Tensor, key: tuple[int, ...] = (0,)) -> Tensor:
         """(s, b, h) → (s, b, h): the heads' output, before the out-projection's dropout."""
-        s, b, _ = x.shape
         g, group, d = self.groups, self.a // self.groups, self.d
         qkv = self.qkv(x)
+        s, b, _ = qkv.shape  # with sequence parallelism x is a slice of the sequence, qkv is not
         # (s, b, g, G, d) → (b, g, G, s, d): the query heads of a group side by side with their k/v head
         q = ops.transpose(ops.reshape(ops.getitem(qkv, (..., slice(0, self.h))), (s, b, g, group, d)),
                           (1, 2, 3, 0, 4))

@@ -444,13 +444,19 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
     return make_output(x_hat, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
 
 
-def dropout(x, p: float, rng: np.random.Generator) -> Tensor:
+def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.ndarray | None = None) -> Tensor:
     """y = x ∘ mask / (1 - p) with mask ~ Bernoulli(1 - p), one byte an element;  dx = dy ∘ mask / (1 - p).
-    Saves only the boolean mask (in the closure): x itself is not needed."""
+    Saves only the boolean mask (in the closure): x itself is not needed. The mask is drawn
+    from ``rng``, or given (a boolean array of x's shape)."""
     x = _operand("dropout", x)
     if not 0 <= p < 1:
         raise ValueError(f"dropout: p must be in [0, 1), got {p!r}")
-    mask = rng.random(x.shape, dtype=np.float32) >= p
+    if mask is None:
+        if rng is None:
+            raise ValueError("dropout: give rng (a numpy Generator) or a mask")
+        mask = rng.random(x.shape, dtype=np.float32) >= p
+    elif mask.dtype != np.bool_ or mask.shape != x.shape:
+        raise ShapeError(f"dropout: mask must be boolean of shape {x.shape}, got {mask.dtype} {mask.shape}")
     keep = x.dtype.type(1 / (1 - p))
 
     def _backward(out: Tensor) -> None:
