@@ -33,8 +33,8 @@ import numpy as np
 import ag
 import ag.plot
 from ag import demo
-from ag.attention import (flash_attention, merge_softmax_blocks, naive_attention, online_softmax,
-                          softmax_block)
+from ag.attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, merge_softmax_blocks,
+                          naive_attention, online_softmax, softmax_block)
 
 MB = ag.trace.MB
 
@@ -192,13 +192,14 @@ for block_q, block_k in tiles:
     kv_read = -(-N // block_q) * 2 * N * D * 4  # ⌈N / block_q⌉ passes over K and V, float32
     tile_runs.append((block_q, block_k, flash_peak(block_q, block_k), kv_read))
 table(("block_q x block_k", "one S tile MB", "peak MB", "K, V read by forward MB"),
-      [(f"{bq} x {bk}" + (" (default)" if (bq, bk) == (128, 256) else ""), f"{bq * bk * 4 / MB:.2f}",
+      [(f"{bq} x {bk}" + (" (default)" if (bq, bk) == (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K) else ""), f"{bq * bk * 4 / MB:.2f}",
         f"{peak / MB:.1f}", f"{kv / MB:.1f}") for bq, bk, peak, kv in tile_runs])
 
 # %% [markdown]
-# Up to 128 × 256 a tile is small next to Q, K, V, O and their grads (0.26 MB each), and the
-# peak does not move, while the IO halves with every doubling of `block_q`. Past that, a tile's
-# arrays (S, P and, in backward, their grads) set the peak.
+# Up to 128 × 128 a tile is small next to Q, K, V, O and their grads (0.26 MB each), and the
+# peak does not move, while the IO halves with every doubling of `block_q`. From there a tile's
+# arrays (S, P and, in backward, their grads) show in the peak, and past the default 256 × 256
+# (chosen for speed: BLAS likes bigger tiles) they set it.
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4.2))
