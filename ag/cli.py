@@ -4,14 +4,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+PARALLEL_LAUNCH = "mpiexec -n 2 ag demo parallel"
 DEMOS = {
     "memory": "array sizes, tracemalloc, lazy and discarded grads (the lecture's tables)",
     "remat": "every checkpoint strategy on a 10-layer chain: peak MB, matmuls by phase, plots",
     "attention": "peak memory of naive and flash attention as N grows, with a log-log plot",
+    "transformer": "activation bytes of float16 transformer layers against sbh(34 + 5as/h), by recomputation",
+    "parallel": f"tensor + sequence parallel layers, bytes per rank; launch as `{PARALLEL_LAUNCH}`",
 }
+# environment variables an MPI launcher sets in every rank (MPICH's hydra, Open MPI, PMIx)
+MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.name == "parallel":
+        return _parallel(args.extra)
     from . import demo
     if args.name == "memory":
         demo.memory()
@@ -19,7 +26,24 @@ def _demo(args: argparse.Namespace) -> int:
         demo.remat_demo(args.out)
     elif args.name == "attention":
         demo.attention_demo(args.out)
+    elif args.name == "transformer":
+        demo.transformer_demo(args.out)
     return 0
+
+
+def _parallel(argv: list[str]) -> int:
+    """Run ``ag.parallel.main`` in this rank; one process alone only gets told how to launch it."""
+    import os
+    if not any(name in os.environ for name in MPI_LAUNCHER_VARIABLES):
+        print(f"ag demo parallel is meant to be launched by MPI, one process per rank: {PARALLEL_LAUNCH} "
+              "(or -n 4); running it in this single process", file=sys.stderr)
+    try:
+        from . import parallel
+    except ImportError as error:
+        print(f"ag demo parallel: cannot import ag.parallel ({error}); it needs the mpi extra: "
+              f"pip install -e '.[mpi]', then {PARALLEL_LAUNCH}", file=sys.stderr)
+        return 1
+    return parallel.main(argv) or 0
 
 
 def _assign(args: argparse.Namespace) -> int:
@@ -82,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not (args.command == "demo" and args.name == "parallel"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra  # handed on to ag.parallel.main
     return args.run(args)
 
 

@@ -262,3 +262,173 @@ def attention_demo(out_dir: str = "ag-plots") -> None:
         print(f"plot written: {path}")
     except ImportError as error:
         print(f"plot skipped: {error}")
+
+
+def measure_activation_bytes(model, x: Tensor) -> int:
+    """Bytes a forward of ``model`` on ``x`` leaves alive for backward, the paper's way.
+
+    tracemalloc counts NumPy's buffers made during the forward (parameters exist before);
+    the output is not counted (it is the next layer's input) and the input is (the first
+    layer norm keeps it): kept = after − before − output.nbytes + input.nbytes.
+    """
+    trace.start_trace()
+    try:
+        out = model(x)
+        alive = trace.snapshot_trace().allocated_bytes
+    finally:
+        trace.end_trace()
+    return alive - out.value.nbytes + x.value.nbytes
+
+
+@dataclass
+class ActivationRow:
+    """Activation bytes per layer after the forward, measured in float16 and predicted by
+    ``ag.memory_model``; a stack of ``num_layers`` layers reports its total / num_layers."""
+
+    s: int
+    b: int
+    h: int
+    a: int
+    num_query_groups: int | None
+    setting: str
+    formula: str
+    measured_bytes: int
+    predicted_bytes: int
+    num_layers: int = 1
+
+    @property
+    def measured_per_layer(self) -> float:
+        return self.measured_bytes / self.num_layers
+
+    @property
+    def predicted_per_layer(self) -> float:
+        return self.predicted_bytes / self.num_layers
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_bytes / self.predicted_bytes
+
+
+TRANSFORMER_SHAPES = ((512, 1, 64, 4), (256, 2, 128, 8), (32, 4, 256, 4))  # (s, b, h, a): s ≫ h, s ≈ h, s ≪ h
+GQA_SHAPE = (256, 2, 128, 8, 2)  # (s, b, h, a, num_query_groups): 4 query heads share each K, V head
+LAYER_SETTINGS = ("none", "selective", "full", "flash")
+STACK_SETTINGS = (("uniform", 1), ("uniform", 2), ("block", 2))  # (activations_checkpoint_method, num_layers)
+
+
+def _layer_input(s: int, b: int, h: int, seed: int) -> Tensor:
+    x = np.random.default_rng(seed).standard_normal((s, b, h)).astype(np.float16)
+    return Tensor(x, requires_grad=True)
+
+
+def _formula(setting: str, grouped: bool) -> str:
+    """The per-layer expression of ``setting`` (K and V at g/a of Q's size when ``grouped``)."""
+    base = "30+4g/a" if grouped else "34"
+    return {"none": f"sbh({base}+5as/h)", "selective": f"sbh({base})" if grouped else "34sbh",
+            "full": "2sbh", "flash": f"sbh({base})+2asb" if grouped else "34sbh+2asb"}[setting]
+
+
+def layer_activations(s: int, b: int, h: int, a: int, setting: str, *, num_query_groups: int | None = None,
+                      seed: int = 0) -> ActivationRow:
+    """One float16 TransformerLayer: ``setting`` is "none", "selective", "full" (NeMo's
+    activations_checkpoint_granularity) or "flash" (attention="flash", which keeps selective's
+    bytes plus its logsumexp, one 2-byte value per head and token: 2asb)."""
+    from . import memory_model, nn
+    if setting not in LAYER_SETTINGS:
+        raise ValueError(f"layer_activations: setting must be one of {LAYER_SETTINGS}, got {setting!r}")
+    granularity = setting if setting in ("selective", "full") else None
+    layer = nn.TransformerLayer(h, a, num_query_groups=num_query_groups, dtype=np.float16, seed=seed,
+                                attention="flash" if setting == "flash" else "naive",
+                                activations_checkpoint_granularity=granularity)
+    measured = measure_activation_bytes(layer, _layer_input(s, b, h, seed))
+    recompute = "selective" if setting == "flash" else granularity
+    predicted = memory_model.activation_bytes_per_layer(s, b, h, a, recompute=recompute,
+                                                        num_query_groups=num_query_groups)
+    if setting == "flash":
+        predicted += 2 * a * s * b
+    grouped = num_query_groups not in (None, a)
+    return ActivationRow(s, b, h, a, num_query_groups, setting, _formula(setting, grouped), measured, predicted)
+
+
+def stack_activations(num_layers: int, s: int, b: int, h: int, a: int, method: str, n: int, *,
+                      seed: int = 0) -> ActivationRow:
+    """A float16 Transformer of ``num_layers`` with full recomputation after its forward:
+    uniform keeps each chunk's input, ⌈L/n⌉·2sbh; block keeps n inputs and L − n whole
+    layers, n·2sbh + (L − n)·F with F = sbh(34 + 5as/h)."""
+    from . import memory_model, nn
+    model = nn.Transformer(num_layers, h, a, activations_checkpoint_granularity="full",
+                           activations_checkpoint_method=method, activations_checkpoint_num_layers=n,
+                           dtype=np.float16, seed=seed)
+    measured = measure_activation_bytes(model, _layer_input(s, b, h, seed))
+    full = memory_model.activation_bytes_per_layer(s, b, h, a)
+    kept_input = memory_model.activation_bytes_per_layer(s, b, h, a, recompute="full")
+    if method == "uniform":
+        predicted, formula = -(-num_layers // n) * kept_input, "ceil(L/n)*2sbh/L"
+    else:
+        predicted, formula = n * kept_input + (num_layers - n) * full, "(n*2sbh+(L-n)*F)/L"
+    return ActivationRow(s, b, h, a, None, f"full {method} n={n}, L={num_layers}", formula, measured,
+                         predicted, num_layers)
+
+
+def transformer_memory(shapes=TRANSFORMER_SHAPES, *, gqa=GQA_SHAPE, num_layers: int = 4,
+                       seed: int = 0) -> list[ActivationRow]:
+    """Every setting of ``ag demo transformer``, measured: each shape under every layer
+    setting, the GQA shape without and with selective recomputation, and a stack of
+    ``num_layers`` layers of the first shape under each of NeMo's full-recomputation methods."""
+    rows = [layer_activations(*shape, setting, seed=seed) for shape in shapes for setting in LAYER_SETTINGS]
+    if gqa is not None:
+        *shape, groups = gqa
+        rows += [layer_activations(*shape, setting, num_query_groups=groups, seed=seed)
+                 for setting in ("none", "selective")]
+    rows += [stack_activations(num_layers, *shapes[0], method, n, seed=seed) for method, n in STACK_SETTINGS]
+    return rows
+
+
+def activation_table(rows: list[ActivationRow]) -> None:
+    """Print measured against predicted bytes per layer, one row per setting."""
+    table(("s", "b", "h", "a", "g", "recomputation", "measured B", "predicted B", "ratio", "predicted by"),
+          [(r.s, r.b, r.h, r.a, r.num_query_groups or r.a, r.setting, f"{r.measured_per_layer:,.0f}",
+            f"{r.predicted_per_layer:,.0f}", f"{r.ratio:.4f}", r.formula) for r in rows])
+
+
+def activation_series(rows: list[ActivationRow]) -> dict[str, list[tuple[float, float]]]:
+    """(predicted, measured) bytes per layer by setting, as ``ag.plot.measured_vs_predicted`` takes them."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        series.setdefault(_series_label(r), []).append((r.predicted_per_layer, r.measured_per_layer))
+    return series
+
+
+def _series_label(row: ActivationRow) -> str:
+    """The plot's legend entry: the setting, without the stack size, with GQA marked."""
+    if row.num_layers > 1:
+        return row.setting.split(",")[0]
+    grouped = row.num_query_groups not in (None, row.a)
+    return f"{row.setting}, GQA" if grouped else row.setting
+
+
+def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
+    """Print the activation bytes per layer of float16 transformer layers against the
+    formulas, and plot measured against predicted (no plot when ``out_dir`` is None)."""
+    import os
+    rows = transformer_memory()
+    print("Activation memory per transformer layer after its forward, float16 values, 1-byte masks")
+    print("(measured: NumPy's buffers in tracemalloc, minus the output, plus the input;")
+    print(" predicted: ag.memory_model, Korthikanti et al. 2022; g: key/value heads)")
+    print()
+    activation_table(rows)
+    print()
+    exact = len([r for r in rows if r.measured_bytes == r.predicted_bytes])  # ag.ops.sum shadows sum here
+    print(f"{exact} of {len(rows)} rows equal the formula to the byte. flash keeps selective's bytes")
+    print("plus its logsumexp (2asb); a full stack's rows are its bytes after the forward over L.")
+    if out_dir is None:
+        return rows
+    try:
+        from . import plot
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "transformer_memory.png")
+        plot.measured_vs_predicted(activation_series(rows), path=path,
+                                   title="Activations per transformer layer, float16: measured against formula")
+        print(f"plot written: {path}")
+    except ImportError as error:
+        print(f"plot skipped: {error}")
+    return rows

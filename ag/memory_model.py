@@ -173,8 +173,13 @@ def selective_savings(s: int, a: int, h: int, *, num_query_groups: int | None = 
 
 
 def selective_flops_overhead(s: int, h: int, num_layers: int, v: int) -> float:
-    """Extra FLOPs of selective recomputation: hardware/model FLOPs − 1 (Appendix A, Eq. 8 / Eq. 7)
-    = (s/6h) / (1 + s/6h + v/(12hL)): the second QKᵀ and attention-over-V of each layer."""
+    """Extra FLOPs of selective recomputation as the paper counts them: hardware/model FLOPs − 1
+    (Appendix A, Eq. 8 / Eq. 7) = (s/6h) / (1 + s/6h + v/(12hL)), 2.7% for GPT-3.
+
+    The paper's extra term s/6h is the attention core's forward *and* backward. Rerunning only
+    its forward (QKᵀ and attention-over-V, which is what ``ag.count_ops`` counts on an
+    ``ag.nn`` layer) costs (s/18h) / (1 + s/6h + v/(12hL)): 0.9% for GPT-3. Lecture 5 shows both.
+    """
     for name, value in (("s", s), ("h", h), ("num_layers", num_layers), ("v", v)):
         _check_positive("selective_flops_overhead", name, value)
     extra = Fraction(s, 6 * h)

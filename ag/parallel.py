@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tracemalloc
 from typing import Callable
 
 import numpy as np
 
 from . import memory_model, nn, ops, remat
+from .demo import measure_activation_bytes, table
 from .tensor import Tensor, accumulate_grad, make_output, release_unneeded
 
 
@@ -240,25 +240,6 @@ class ParallelTransformerLayer(nn.Module):
 
 # ---- measuring and checking, per rank ----
 
-def numpy_bytes() -> int:
-    """Bytes of NumPy data buffers alive now, as tracemalloc sees them."""
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
-    return sum(t.size for t in snapshot.traces)
-
-
-def measured_activation_bytes(layer, x: Tensor) -> int:
-    """Bytes the forward leaves alive, minus its output, plus its input (which it saves)."""
-    tracemalloc.start()
-    try:
-        before = numpy_bytes()
-        out = layer(x)
-        after = numpy_bytes()
-    finally:
-        tracemalloc.stop()
-    return after - before - out.value.nbytes + x.value.nbytes
-
-
 def _layer_input(group: Group, s: int, b: int, h: int, dtype, sequence_parallel: bool) -> tuple[np.ndarray, Tensor]:
     full = np.random.default_rng(11).standard_normal((s, b, h)).astype(dtype)
     local = group.scatter_sequence(full) if sequence_parallel else full.copy()
@@ -272,7 +253,7 @@ def measure(group: Group, s: int, b: int, h: int, a: int, *, sequence_parallel: 
                                      num_query_groups=num_query_groups, attention=attention,
                                      activations_checkpoint_granularity=granularity, dtype=np.float16, seed=2)
     _, x = _layer_input(group, s, b, h, np.float16, sequence_parallel)
-    measured = measured_activation_bytes(layer, x)
+    measured = measure_activation_bytes(layer, x)
     recompute = "selective" if attention == "flash" and granularity is None else granularity
     formula = memory_model.activation_bytes_per_layer(s, b, h, a, t=group.size, sequence_parallel=sequence_parallel,
                                                       recompute=recompute, num_query_groups=num_query_groups)
@@ -368,7 +349,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_rows(t: int, rows: list[dict], check: bool) -> None:
-    from .demo import table
     if check:
         print(f"gradients of {t} ranks against one process (float64), largest relative difference")
         table(["s", "b", "h", "a", "g", "seq. parallel", "recompute", "max rel. diff"],

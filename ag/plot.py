@@ -128,3 +128,52 @@ def show(fig) -> None:
     fig.savefig(buffer, format="png", dpi=100)
     _pyplot().close(fig)
     display(Image(buffer.getvalue()))
+
+
+def measured_vs_predicted(series: Mapping[str, Sequence[tuple[float, float]]], *,
+                          title: str = "Measured against predicted", path: str | None = None):
+    """Measured MB against predicted MB on log-log axes, one marker style per series, with the
+    line y = x: a point on it is a formula that holds.
+
+    ``series`` maps a label to ``(predicted_bytes, measured_bytes)`` pairs.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    markers = "osD^v<>ph*"
+    values = [v / MB for points in series.values() for pair in points for v in pair]
+    for i, (label, points) in enumerate(series.items()):
+        predicted, measured = zip(*points)
+        ax.scatter([p / MB for p in predicted], [m / MB for m in measured], marker=markers[i % len(markers)],
+                   s=40, alpha=0.8, label=label)
+    low, high = min(values) / 1.5, max(values) * 1.5
+    ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=0.8, label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return _finish(fig, ax, "predicted (MB)", "measured (MB)", title, path)
+
+
+def activation_breakdown(terms: Mapping[str, Mapping[str, int]], *, title: str = "What a layer keeps",
+                         path: str | None = None):
+    """One stacked bar per setting: the bytes of each tensor kept for backward, in MB.
+
+    ``terms`` maps a setting to ``{tensor name: bytes}``, as ``ag.memory_model.activation_terms``
+    gives them; a name missing from a setting counts 0 there.
+    """
+    plt = _pyplot()
+    names = list(dict.fromkeys(name for parts in terms.values() for name in parts))
+    colors = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(1.3 * len(terms) + 5, 4.8))
+    labels = list(terms)
+    bottom = [0.0] * len(labels)
+    for i, name in enumerate(names):
+        heights = [terms[label].get(name, 0) / MB for label in labels]
+        ax.bar(labels, heights, bottom=bottom, label=name, color=colors[i % len(colors)])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_ylabel("kept for backward (MB)")
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig

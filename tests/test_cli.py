@@ -1,10 +1,19 @@
 """The ag command line, run as a user would run it."""
+import importlib.util
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from ag.cli import MPI_LAUNCHER_VARIABLES, PARALLEL_LAUNCH
 
 
-def run_ag(*args):
-    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True, timeout=600)
+def run_ag(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ag", *args], capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 def test_help_lists_the_demo_subcommand():
@@ -52,3 +61,72 @@ def test_demo_attention_prints_the_scaling_table_and_writes_the_plot(tmp_path):
     flash = [float(r[2]) for r in rows]  # the column after naive (a number or "(skipped)")
     assert flash[-1] / flash[0] < 40  # 32x longer sequence, about 32x the memory
     assert (tmp_path / "attention_scaling.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def transformer_demo(tmp_path_factory):
+    """``ag demo transformer`` run once (about 10 s): its result and its plot folder."""
+    out = tmp_path_factory.mktemp("transformer")
+    return run_ag("demo", "transformer", "--out", str(out)), out
+
+
+def test_demo_transformer_prints_every_setting_equal_to_its_formula_and_writes_the_plot(transformer_demo):
+    result, tmp_path = transformer_demo
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if _starts_with_five_numbers(line)]  # s, b, h, a, g
+    assert len(rows) == 17
+    for setting in ("none", "selective", "full", "flash", "full uniform n=1, L=4", "full uniform n=2, L=4",
+                    "full block n=2, L=4"):
+        assert any(f" {setting} " in row for row in rows), setting
+    assert any(row.split()[3:5] == ["8", "2"] for row in rows), "no GQA row (a = 8, g = 2)"
+    for row in rows:
+        measured, predicted, ratio = row.split()[-4:-1]  # the formula, last, has no spaces
+        assert measured == predicted and ratio == "1.0000", row
+    assert f"{len(rows)} of {len(rows)} rows equal the formula to the byte" in result.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "transformer_memory.png").stat().st_size > 10_000
+    else:
+        assert "plot skipped" in result.stdout
+
+
+def test_note_5_quotes_the_table_ag_demo_transformer_prints(transformer_demo):
+    result, _ = transformer_demo
+    table = [line for line in result.stdout.splitlines() if _starts_with_five_numbers(line)]
+    note = (Path(__file__).resolve().parent.parent / "lectures" / "05-transformer-activation-memory.md").read_text()
+    assert "\n".join(table) in note, "lectures/05: paste the table `ag demo transformer` prints now"
+
+
+def _starts_with_five_numbers(line: str) -> bool:
+    cells = line.split()
+    return len(cells) > 5 and all(cell.isdigit() for cell in cells[:5])
+
+
+def test_options_of_the_parallel_demo_are_refused_elsewhere():
+    result = run_ag("demo", "memory", "--check")
+    assert result.returncode == 2 and "unrecognized arguments: --check" in result.stderr
+
+
+def _parallel_demo_or_skip():
+    for module in ("mpi4py", "ag.parallel"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"ag demo parallel needs {module}: pip install -e '.[mpi]'")
+
+
+def test_demo_parallel_run_alone_says_how_to_launch_it():
+    _parallel_demo_or_skip()
+    env = {k: v for k, v in os.environ.items() if k not in MPI_LAUNCHER_VARIABLES}
+    result = run_ag("demo", "parallel", env=env)
+    assert result.returncode == 0, result.stderr
+    assert PARALLEL_LAUNCH == "mpiexec -n 2 ag demo parallel"
+    assert PARALLEL_LAUNCH in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_parallel_under_mpiexec_runs_on_two_ranks_without_the_hint():
+    _parallel_demo_or_skip()
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec on PATH: pip install -e '.[mpi]'")
+    result = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "ag", "demo", "parallel"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "1.0000" in result.stdout and PARALLEL_LAUNCH not in result.stderr
