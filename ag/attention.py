@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
-from .tensor import Tensor, accumulate_grad, make_output
+from .tensor import Tensor, accumulate_grad, array_module, make_output
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -93,7 +93,7 @@ def naive_attention(q, k, v, *, causal=False, scale=None):
     """
     _check_causal("naive_attention", causal)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
-    q, k, v = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
+    q, k, v = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
     heads = _check_shapes("naive_attention", q, k, v)
     g, lead = heads.group, heads.lead
     # (..., Hkv, G, N, d) for q against (..., Hkv, 1, N, d) for k and v: the group shares them
@@ -101,7 +101,8 @@ def naive_attention(q, k, v, *, causal=False, scale=None):
     kg = reshape(k, lead + (heads.h_kv, 1, heads.n_k, heads.d))
     vg = reshape(v, lead + (heads.h_kv, 1, heads.n_k, heads.d))
     s = mul(matmul(qg, transpose(kg, _swap_last(kg.ndim))), _scale(scale, heads.d))
-    visible = _visible(causal, np.arange(heads.n_q), np.arange(heads.n_k), heads.n_q, heads.n_k)
+    xp = array_module(q.value)  # the mask is made where the scores live (host or GPU)
+    visible = _visible(causal, xp.arange(heads.n_q), xp.arange(heads.n_k), heads.n_q, heads.n_k)
     if visible is not None:
         s = where(np.broadcast_to(visible, s.shape), s, -np.inf)
     o = reshape(matmul(softmax(s, axis=-1), vg), q.shape)
@@ -188,7 +189,11 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
         raise NotImplementedError("flash_attention: the CuPy backend (CUDA kernels) is not part of this "
                                   "version of ag yet; use backend='numpy' with NumPy arrays")
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
-    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in (q, k, v))
+    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
+    if any(array_module(t.value) is not np for t in (tq, tk, tv)):
+        raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
+                        f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
+                        "backend='cupy' (or 'auto') for GPU arrays")
     heads = _check_shapes("flash_attention", tq, tk, tv)
     tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
     o, lse = tiled_forward(tiles, tq.value, tk.value, tv.value)

@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from . import trace
-from .tensor import (Tensor, accumulate_grad, as_tensor, config, grad_to_overwrite, make_output,
-                     rematerialize)
+from .tensor import (Tensor, accumulate_grad, array_module, as_tensor, config, grad_to_overwrite,
+                     make_output, rematerialize)
 
 
 class ShapeError(ValueError):
@@ -27,7 +27,7 @@ def _operand(op: str, x, like: Tensor | None = None) -> Tensor:
         if x.value is None:
             x.value = rematerialize(x, op)  # beamed back for this op, discarded again after it
         return x
-    if isinstance(x, (int, float, bool, np.ndarray, np.number, list, tuple)):
+    if isinstance(x, (int, float, bool, np.ndarray, np.number, list, tuple)) or array_module(x) is not np:
         try:
             return as_tensor(x, like)
         except TypeError as error:
@@ -454,7 +454,7 @@ def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.nda
     if mask is None:
         if rng is None:
             raise ValueError("dropout: give rng (a numpy Generator) or a mask")
-        mask = rng.random(x.shape, dtype=np.float32) >= p
+        mask = array_module(x.value).asarray(rng.random(x.shape, dtype=np.float32) >= p)
     elif mask.dtype != np.bool_ or mask.shape != x.shape:
         raise ShapeError(f"dropout: mask must be boolean of shape {x.shape}, got {mask.dtype} {mask.shape}")
     keep = x.dtype.type(1 / (1 - p))
@@ -486,7 +486,8 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
     y = s.value * s.dtype.type(scale)
     if causal:
         n_q, n_k = s.shape[-2:]
-        y[..., np.arange(n_k)[None, :] > np.arange(n_q)[:, None]] = -np.inf
+        xp = array_module(y)
+        y[..., xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None]] = -np.inf
     y -= _finite_max(y, (y.ndim - 1,)).astype(y.dtype, copy=False)
     np.exp(y, out=y)
     total = np.sum(y, axis=-1, keepdims=True)
@@ -537,7 +538,7 @@ def getitem(a, index) -> Tensor:
     basic = _is_basic(index)
 
     def _backward(out: Tensor) -> None:
-        g = np.zeros(a.shape, dtype=out.grad.dtype)
+        g = np.zeros_like(out.grad, shape=a.shape)
         if basic:
             g[index] = out.grad
         else:
@@ -580,14 +581,14 @@ def concat(tensors: Sequence, axis: int = 0) -> Tensor:
 def where(condition, a, b) -> Tensor:
     """out = a where condition else b;  da = dout where condition,  db = dout elsewhere."""
     cond = condition.value if isinstance(condition, Tensor) else condition
-    if not (isinstance(cond, np.ndarray) and cond.dtype == np.bool_):
+    if not (hasattr(cond, "shape") and getattr(cond, "dtype", None) == np.bool_):
         raise TypeError(f"where: condition must be a boolean array, got "
                         f"{getattr(cond, 'dtype', type(cond).__name__)}")
     a, b = _operands("where", a, b)
     _broadcast("where", cond.shape, a.shape, b.shape)
 
     def _backward(out: Tensor) -> None:
-        zero = np.zeros((), dtype=out.grad.dtype)
+        zero = out.grad.dtype.type(0)
         if a.requires_grad:
             accumulate_grad(a, np.where(cond, out.grad, zero))
         if b.requires_grad:

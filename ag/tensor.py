@@ -20,6 +20,7 @@ needs it.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -27,6 +28,19 @@ import numpy as np
 from . import trace
 
 Rematerializer = Callable[[], np.ndarray]
+
+
+def array_module(x):
+    """The module whose functions make arrays where ``x`` lives: numpy for host arrays, the
+    array's own package (cupy for a ``cupy.ndarray``) for device arrays."""
+    if isinstance(x, (np.ndarray, np.generic)) or not hasattr(x, "__array_function__"):
+        return np
+    return sys.modules.get(type(x).__module__.split(".")[0], np)
+
+
+def _array(x) -> np.ndarray:
+    """x as an array, left where it lives (NumPy would refuse to copy a GPU array implicitly)."""
+    return x if type(x) is np.ndarray or array_module(x) is not np else np.asarray(x)
 
 
 class GraphError(RuntimeError):
@@ -177,7 +191,7 @@ class Tensor:
 def _as_array(value, name: str | None) -> np.ndarray:
     if isinstance(value, Tensor):
         raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
-    array = value if type(value) is np.ndarray else np.asarray(value)
+    array = _array(value)
     if array.dtype.kind not in "biufc":
         raise TypeError(f"Tensor {name or ''}: value must be numeric, got dtype {array.dtype} "
                         f"from {type(value).__name__}")
@@ -189,7 +203,8 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if like is not None and isinstance(x, (int, float, bool)):
-        return Tensor(np.asarray(x, dtype=np.result_type(like.dtype, x)))
+        xp = np if like.value is None else array_module(like.value)
+        return Tensor(xp.asarray(x, dtype=np.result_type(like.dtype, x)))
     return Tensor(x)
 
 
@@ -326,8 +341,8 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
         if root.size != 1:
             raise GraphError(f"backward: {root.describe()} has shape {root.shape}; backward() "
                              "without a grad argument needs a scalar (one element)")
-        return np.ones(root.shape, dtype=root.dtype)
-    grad = np.array(grad, dtype=root.dtype)
+        return np.ones_like(root.value)
+    grad = array_module(root.value).asarray(grad, dtype=root.dtype).copy()
     if grad.shape != root.shape:
         raise GraphError(f"backward: grad of shape {grad.shape} does not match "
                          f"{root.describe()} of shape {root.shape}")
@@ -363,7 +378,7 @@ def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
                          "which was discarded and has no rematerializer")
     with no_grad(), _phase("recompute"):
         value = tensor.rematerializer()
-    value = value.value if isinstance(value, Tensor) else np.asarray(value)
+    value = value.value if isinstance(value, Tensor) else _array(value)
     if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):
         raise GraphError(f"rematerializer of {tensor.describe()} returned shape {value.shape} "
                          f"dtype {value.dtype}, expected shape {tensor._shape} dtype {tensor._dtype}")
@@ -425,7 +440,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     extra = grad.ndim - len(shape)
     axes = tuple(range(extra)) + tuple(
         extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
-    summed = np.empty(shape, dtype=grad.dtype)
+    summed = np.empty_like(grad, shape=shape)
     # sum straight into a fresh buffer, so the result is nobody's view and can become a .grad
     np.sum(grad, axis=axes, keepdims=True, out=summed.reshape((1,) * extra + shape))
     return summed
@@ -443,7 +458,7 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(np.asarray(grad), tensor.shape)
+    grad = unbroadcast(_array(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
     allocating = tensor.grad is None

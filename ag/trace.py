@@ -14,7 +14,10 @@ Typical use, the slide's code::
     print_trace_stats(snapshot_trace())   # memory allocated: 16 MB
     end_trace()
 
-tracemalloc sees host memory only: it cannot see GPU memory.
+tracemalloc sees host memory only: it cannot see GPU memory. ``start_trace(device="gpu")``
+traces CuPy arrays instead, with the same API: ``allocated_bytes`` is what CuPy's memory
+pool has handed out since the start (``used_bytes()``, the arrays alive), and ``peak_bytes``
+its high-water mark, kept by a CuPy memory hook that looks after every allocation.
 """
 from __future__ import annotations
 
@@ -68,6 +71,48 @@ class _Session:
     owns_tracemalloc: bool
     traced_at_start: int
     baseline: Counter = field(default_factory=Counter)
+    pool: object | None = None  # tracing a GPU: the array module's memory pool
+    peak: object | None = None  # and the hook that keeps its high-water mark
+
+
+class _DevicePeak:
+    """The pool's high-water mark: sampled at every snapshot, and after every allocation when
+    the array module has CuPy's memory hooks."""
+
+    def __init__(self, xp, pool) -> None:
+        self.pool, self.bytes, self.hook = pool, pool.used_bytes(), None
+        hooks = getattr(getattr(xp, "cuda", None), "memory_hook", None)
+        if hooks is not None:
+            peak = self
+
+            class _Hook(hooks.MemoryHook):
+                name = "ag.trace"
+
+                def malloc_postprocess(self, *args, **kwargs) -> None:
+                    peak.sample()
+            self.hook = _Hook()
+            self.hook.__enter__()
+
+    def sample(self) -> int:
+        self.bytes = max(self.bytes, self.pool.used_bytes())
+        return self.bytes
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.__exit__(None, None, None)
+
+
+def _device_module(device):
+    """"gpu" means CuPy; a module with ``get_default_memory_pool`` (CuPy, or a test double) is used as given."""
+    if hasattr(device, "get_default_memory_pool"):
+        return device
+    if device != "gpu":
+        raise ValueError(f"start_trace: device must be 'cpu', 'gpu' or an array module, got {device!r}")
+    try:
+        import cupy
+    except ImportError:
+        raise TraceError("start_trace(device='gpu') needs CuPy (pip install 'ag[gpu]') and a GPU") from None
+    return cupy
 
 
 _session: _Session | None = None
@@ -78,11 +123,17 @@ def is_tracing() -> bool:
     return _session is not None
 
 
-def start_trace() -> None:
-    """Start counting NumPy allocations (and reset the peak) from now on."""
+def start_trace(device="cpu") -> None:
+    """Start counting NumPy allocations (and reset the peak) from now on; ``device="gpu"``
+    counts CuPy's memory pool instead (tracemalloc cannot see GPU memory)."""
     global _session
     if _session is not None:
         raise TraceError("start_trace: tracing is already running; call end_trace() first")
+    if device != "cpu":
+        xp = _device_module(device)
+        pool = xp.get_default_memory_pool()
+        _session = _Session(False, pool.used_bytes(), pool=pool, peak=_DevicePeak(xp, pool))
+        return
     if tracemalloc.is_tracing():
         # A session the user started: leave its traces alone, remember what was alive.
         _session = _Session(False, 0, _numpy_traces())
@@ -100,6 +151,8 @@ def end_trace() -> None:
         raise TraceError("end_trace: tracing is not running; call start_trace() first")
     if _session.owns_tracemalloc:
         tracemalloc.stop()
+    if _session.peak is not None:
+        _session.peak.close()
     _session = None
 
 
@@ -107,6 +160,9 @@ def snapshot_trace(op: str | None = None, phase: str | None = None, tensor: str 
     """NumPy bytes alive now that were allocated since start_trace, and the peak so far."""
     if _session is None:
         raise TraceError("snapshot_trace: tracing is not running; call start_trace() first")
+    if _session.pool is not None:
+        start = _session.traced_at_start
+        return Snapshot(_session.pool.used_bytes() - start, _session.peak.sample() - start, op, phase, tensor)
     traces = _numpy_traces()
     if _session.baseline:
         traces = traces - _session.baseline
@@ -121,14 +177,15 @@ def print_trace_stats(stats: Snapshot) -> None:
 
 
 @contextlib.contextmanager
-def tracing() -> Iterator[list[Snapshot]]:
-    """Trace a block and record a labelled snapshot after every op and every backward step.
+def tracing(device="cpu") -> Iterator[list[Snapshot]]:
+    """Trace a block and record a labelled snapshot after every op and every backward step
+    (``device`` as in ``start_trace``).
 
     >>> with tracing() as timeline:
     ...     loss = ag.sum(ag.relu(x @ w)); loss.backward()
     >>> [s.label for s in timeline]   # ['forward matmul', 'forward relu', ..., 'backward matmul']
     """
-    start_trace()
+    start_trace(device)
     timeline: list[Snapshot] = []
     _timelines.append(timeline)
     try:

@@ -1,0 +1,133 @@
+"""The engine never pulls a device array to the host: it runs on any array module.
+
+``fakedevice`` stands in for CuPy here (no GPU in CI): NumPy calls dispatch to its arrays,
+and converting one to NumPy implicitly, or mixing one with a host array, raises TypeError,
+as CuPy does. The same code on a GPU is checked by tests/test_gpu_attention.py.
+"""
+import numpy as np
+import pytest
+
+import ag
+import fakedevice
+from ag import nn
+from ag.attention import flash_attention, naive_attention
+from ag.tensor import array_module
+
+
+def on_device(x: np.ndarray) -> ag.Tensor:
+    return ag.Tensor(fakedevice.to_device(x), requires_grad=True)
+
+
+def host(t) -> np.ndarray:
+    value = t.value if isinstance(t, ag.Tensor) else t
+    assert isinstance(value, fakedevice.ndarray), f"expected a device array, got {type(value).__name__}"
+    return value.get()
+
+
+def test_the_double_refuses_what_cupy_refuses():
+    x = fakedevice.to_device(np.ones(3))
+    with pytest.raises(TypeError, match="implicit conversion"):
+        np.asarray(x)
+    with pytest.raises(TypeError, match="host numpy.ndarray"):
+        x + np.ones(3)
+    assert array_module(x) is fakedevice and array_module(np.ones(1)) is np
+
+
+def test_mlp_forward_and_backward_stay_on_the_device(rng):
+    arrays = [rng.standard_normal((16, 8)), rng.standard_normal((8, 8)), rng.standard_normal(8),
+              rng.standard_normal((8, 4))]
+
+    def mlp(x, w1, b1, w2):
+        return ag.mean(ag.tanh(ag.relu(x @ w1 + b1) @ w2) * 2.0 - 1)
+
+    device = [on_device(a) for a in arrays]
+    reference = [ag.Tensor(a, requires_grad=True) for a in arrays]
+    loss_d, loss_h = mlp(*device), mlp(*reference)
+    loss_d.backward()
+    loss_h.backward()
+    np.testing.assert_allclose(host(loss_d), loss_h.value)
+    for d, h in zip(device, reference):
+        np.testing.assert_allclose(host(d.grad), h.grad, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_attention_with_gqa_runs_on_the_device(rng, causal):
+    q, k, v = rng.standard_normal((1, 4, 6, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
+    device = [on_device(a) for a in (q, k, v)]
+    reference = [ag.Tensor(a, requires_grad=True) for a in (q, k, v)]
+    out_d = naive_attention(*device, causal=causal)
+    out_h = naive_attention(*reference, causal=causal)
+    ag.sum(out_d * out_d).backward()
+    ag.sum(out_h * out_h).backward()
+    np.testing.assert_allclose(host(out_d), out_h.value, rtol=1e-12)
+    for d, h in zip(device, reference):
+        np.testing.assert_allclose(host(d.grad), h.grad, rtol=1e-10)
+
+
+@pytest.mark.parametrize("granularity", [None, "selective", "full"])
+def test_a_transformer_layer_trains_on_the_device(rng, granularity):
+    layer = nn.TransformerLayer(16, 4, num_query_groups=2, activations_checkpoint_granularity=granularity,
+                                dtype=np.float64, seed=1)
+    x, dy = rng.standard_normal((5, 2, 16)), rng.standard_normal((5, 2, 16))
+    reference = ag.Tensor(x, requires_grad=True)
+    out_h = layer(reference)
+    out_h.backward(dy)
+    host_grads = [p.grad.copy() for p in layer.parameters()]
+    for p in layer.parameters():
+        p.value, p.grad = fakedevice.to_device(p.value), None
+    device = on_device(x)
+    layer.calls = 0  # the same dropout masks as the host run
+    out_d = layer(device)
+    out_d.backward(fakedevice.to_device(dy))
+    np.testing.assert_allclose(host(out_d), out_h.value, rtol=1e-10)
+    np.testing.assert_allclose(host(device.grad), reference.grad, rtol=1e-9, atol=1e-12)
+    for p, g in zip(layer.parameters(), host_grads):
+        np.testing.assert_allclose(host(p.grad), g, rtol=1e-9, atol=1e-12)
+
+
+def test_rematerialized_chain_runs_on_the_device(rng):
+    w = [on_device(rng.standard_normal((6, 6)) / 3) for _ in range(4)]
+    layers = [lambda h, w=w_: ag.tanh(h @ w) for w_ in w]
+    x = on_device(rng.standard_normal((3, 6)))
+    out = ag.remat.sequential(layers, x, ag.remat.plan(4, "sqrt"))
+    ag.sum(out).backward()
+    assert all(isinstance(t.grad, fakedevice.ndarray) for t in w + [x])
+
+
+def test_numpy_flash_attention_refuses_device_arrays_with_a_clear_error(rng):
+    q = fakedevice.to_device(rng.standard_normal((1, 2, 4, 8)))
+    with pytest.raises(TypeError, match="backend='numpy' needs NumPy arrays"):
+        flash_attention(q, q, q, backend="numpy")
+
+
+def test_trace_reads_the_device_memory_pool_not_tracemalloc(rng):
+    x, w = on_device(rng.standard_normal((100, 50))), on_device(rng.standard_normal((50, 40)))
+    host_array = np.ones((1000, 1000))  # 8 MB on the host: a GPU trace must not see it
+    ag.trace.start_trace(device=fakedevice)
+    try:
+        y = x @ w
+        after_forward = ag.trace.snapshot_trace()
+        ag.sum(y).backward()
+        del y
+        after_backward = ag.trace.snapshot_trace()
+    finally:
+        ag.trace.end_trace()
+    assert after_forward.allocated_bytes == 100 * 40 * 8
+    assert after_backward.allocated_bytes == (100 * 50 + 50 * 40) * 8  # the grads of x and w
+    assert after_backward.peak_bytes >= after_forward.allocated_bytes + after_backward.allocated_bytes
+    assert host_array.nbytes == 8_000_000
+
+
+def test_a_device_timeline_labels_every_op(rng):
+    x, w = on_device(rng.standard_normal((8, 8))), on_device(rng.standard_normal((8, 8)))
+    with ag.trace.tracing(device=fakedevice) as timeline:
+        ag.sum(ag.relu(x @ w)).backward()
+    assert [s.label for s in timeline][:3] == ["forward matmul", "forward relu", "forward sum"]
+    assert timeline[0].allocated_bytes == 8 * 8 * 8
+
+
+def test_gpu_tracing_without_cupy_says_what_is_missing(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(ag.trace.TraceError, match="needs CuPy"):
+        ag.trace.start_trace(device="gpu")
