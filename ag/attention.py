@@ -186,8 +186,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     _check_block("flash_attention", "block_k", block_k)
     backend = _backend(backend, q)
     if backend == "cupy":
-        raise NotImplementedError("flash_attention: the CuPy backend (CUDA kernels) is not part of this "
-                                  "version of ag yet; use backend='numpy' with NumPy arrays")
+        return _flash_cupy(q, k, v, causal, scale, return_lse)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
@@ -211,9 +210,33 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     return (out, lse) if return_lse else out
 
 
+def _flash_cupy(q, k, v, causal, scale, return_lse: bool):
+    """The same op on the GPU: ``ag/kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy,
+    float32, one thread block per (batch·head, query tile), no atomics in backward."""
+    from . import attention_cupy
+    ready, reason = attention_cupy.available()
+    if not ready:
+        raise RuntimeError(f"flash_attention(backend='cupy'): {reason}")
+    tensors = any(isinstance(x, Tensor) for x in (q, k, v))
+    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
+    o, lse = attention_cupy.forward(tq.value, tk.value, tv.value, causal=causal, scale=scale)
+    if not tensors:
+        return (o, lse) if return_lse else o
+
+    def _backward(out: Tensor) -> None:
+        dq, dk, dv = attention_cupy.backward(tq.value, tk.value, tv.value, out.value, lse, out.grad,
+                                             causal=causal, scale=scale)
+        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
+            if t.requires_grad:
+                accumulate_grad(t, g)
+    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
+    return (out, lse) if return_lse else out
+
+
 def _backend(backend: str, q) -> str:
     if backend == "auto":
-        return "cupy" if type(q).__module__.startswith("cupy") else "numpy"
+        value = q.value if isinstance(q, Tensor) else q
+        return "cupy" if type(value).__module__.startswith("cupy") else "numpy"
     if backend not in ("numpy", "cupy"):
         raise ValueError(f"flash_attention: backend must be 'numpy', 'cupy' or 'auto', got {backend!r}")
     return backend

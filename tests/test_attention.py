@@ -279,7 +279,9 @@ def test_flash_matches_torch_scaled_dot_product_attention(n_q, n_k, d, h, h_kv, 
         np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-10, err_msg=f"d{name}")
 
 
-def test_the_cupy_backend_says_it_is_not_there_yet():
+def test_the_cupy_backend_without_a_gpu_says_why(monkeypatch):
+    from ag import attention_cupy
+    monkeypatch.setattr(attention_cupy, "available", lambda: (False, "cupy.cuda.is_available() is False"))
     q, k, v = qkv(4, 4, 8, 2, 2)
-    with pytest.raises(NotImplementedError, match="CuPy backend"):
+    with pytest.raises(RuntimeError, match=r"backend='cupy'\): cupy.cuda.is_available\(\) is False"):
         flash_attention(q, k, v, backend="cupy")

@@ -131,3 +131,36 @@ def test_gpu_tracing_without_cupy_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(ag.trace.TraceError, match="needs CuPy"):
         ag.trace.start_trace(device="gpu")
+
+
+def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, monkeypatch):
+    """The GPU path's autograd wiring, with the kernels replaced by NumPy's tiled loops on the
+    double's arrays (the kernels themselves: tests/test_gpu_attention.py, on a GPU)."""
+    from ag import attention, attention_cupy
+    calls = []
+
+    def forward(q, k, v, *, causal, scale):
+        calls.append("forward")
+        o, lse = attention.flash_attention(q.get(), k.get(), v.get(), causal=causal, scale=scale, return_lse=True)
+        return fakedevice.to_device(o), fakedevice.to_device(lse)
+
+    def backward(q, k, v, o, lse, do, *, causal, scale):
+        calls.append("backward")
+        heads = attention._check_shapes("test", q, k, v)
+        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 16, 16)
+        grads = attention.tiled_backward(tiles, *(x.get() for x in (q, k, v, o, lse, do)))
+        return tuple(fakedevice.to_device(g) for g in grads)
+    monkeypatch.setattr(attention_cupy, "available", lambda: (True, ""))
+    monkeypatch.setattr(attention_cupy, "forward", forward)
+    monkeypatch.setattr(attention_cupy, "backward", backward)
+    arrays = [rng.standard_normal((1, 4, 9, 8)), rng.standard_normal((1, 2, 9, 8)), rng.standard_normal((1, 2, 9, 8))]
+    device = [on_device(a) for a in arrays]
+    reference = [ag.Tensor(a, requires_grad=True) for a in arrays]
+    out_d = flash_attention(*device, causal=True, backend="cupy")
+    out_h = naive_attention(*reference, causal=True)
+    ag.sum(out_d * out_d).backward()
+    ag.sum(out_h * out_h).backward()
+    assert calls == ["forward", "backward"]
+    np.testing.assert_allclose(host(out_d), out_h.value, rtol=1e-10)
+    for d, h in zip(device, reference):
+        np.testing.assert_allclose(host(d.grad), h.grad, rtol=1e-9, atol=1e-12)
