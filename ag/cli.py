@@ -25,7 +25,7 @@ def _demo(args: argparse.Namespace) -> int:
     elif args.name == "remat":
         demo.remat_demo(args.out)
     elif args.name == "attention":
-        demo.attention_demo(args.out)
+        demo.attention_demo(args.out, device=args.device)
     elif args.name == "transformer":
         demo.transformer_demo(args.out)
     return 0
@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"{k}: {v}" for k, v in DEMOS.items()))
     demo.add_argument("name", choices=sorted(DEMOS), help="which demo")
     demo.add_argument("--out", default="ag-plots", help="folder for the plots (default: ag-plots)")
+    demo.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                      help="attention only: gpu runs CuPy arrays and traces CuPy's memory pool")
     demo.set_defaults(run=_demo)
     assign = commands.add_parser("assign", help="generate exercises/ and solutions/ from the marked regions in ag/")
     assign.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")

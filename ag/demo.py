@@ -213,22 +213,27 @@ class AttentionPeak:
 
 
 def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: int = 4096,
-                      heads: int = 1, d: int = 64, dtype=np.float32, seed: int = 0) -> list[AttentionPeak]:
-    """tracemalloc peak of forward + backward for naive and flash attention as N grows."""
+                      heads: int = 1, d: int = 64, dtype=np.float32, seed: int = 0,
+                      device="cpu") -> list[AttentionPeak]:
+    """Peak of forward + backward for naive and flash attention as N grows: tracemalloc's on
+    the CPU; with ``device="gpu"``, CuPy's memory pool's (the CUDA kernels run flash)."""
     from .attention import flash_attention, naive_attention
     rng = np.random.default_rng(seed)
+    xp = np if device == "cpu" else trace._device_module(device)
+    backend = "numpy" if device == "cpu" else "cupy"
     rows = []
     for n in sizes:
-        q, k, v = (rng.standard_normal((1, heads, n, d)).astype(dtype) for _ in range(3))
+        q, k, v = (xp.asarray(rng.standard_normal((1, heads, n, d)).astype(dtype)) for _ in range(3))
         peaks = []
         for attention in (naive_attention, flash_attention):
             if attention is naive_attention and n > naive_up_to:
                 peaks.append(None)
                 continue
             tensors = [Tensor(x, requires_grad=True) for x in (q, k, v)]
-            trace.start_trace()
-            out = attention(*tensors)
-            out.backward(np.ones(out.shape, dtype=dtype))
+            options = {"backend": backend} if attention is flash_attention else {}
+            trace.start_trace(device)
+            out = attention(*tensors, **options)
+            out.backward(np.ones_like(out.value))
             peaks.append(trace.snapshot_trace().peak_bytes)
             trace.end_trace()
             del out, tensors
@@ -236,11 +241,12 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
     return rows
 
 
-def attention_demo(out_dir: str = "ag-plots") -> None:
+def attention_demo(out_dir: str = "ag-plots", device="cpu") -> None:
     """Print how the peak memory of attention grows with N, and plot it on log-log axes."""
     import os
-    rows = attention_scaling()
-    print("Peak memory of one attention forward + backward (tracemalloc), 1 head, d = 64, float32")
+    rows = attention_scaling(device=device)
+    where = "tracemalloc" if device == "cpu" else "GPU: CuPy's memory pool (tracemalloc cannot see it)"
+    print(f"Peak memory of one attention forward + backward ({where}), 1 head, d = 64, float32")
     print()
     header = f"{'N':>6} {'naive MB':>10} {'flash MB':>10} {'naive/flash':>12} {'N x N array MB':>15}"
     print(header)

@@ -164,3 +164,25 @@ def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, mo
     np.testing.assert_allclose(host(out_d), out_h.value, rtol=1e-10)
     for d, h in zip(device, reference):
         np.testing.assert_allclose(host(d.grad), h.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_the_attention_demo_measures_the_device_pool(monkeypatch):
+    """``ag demo attention --device gpu``'s table, with the double as the GPU and NumPy's tiles as
+    the kernels: naive's peak grows ×4 per doubling of N, flash's ×2."""
+    from ag import attention, attention_cupy, demo
+
+    def forward(q, k, v, *, causal, scale):
+        o, lse = attention.flash_attention(q.get(), k.get(), v.get(), causal=causal, scale=scale, return_lse=True)
+        return fakedevice.to_device(o), fakedevice.to_device(lse)
+
+    def backward(q, k, v, o, lse, do, *, causal, scale):
+        heads = attention._check_shapes("test", q, k, v)
+        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 64, 64)
+        return tuple(fakedevice.to_device(g) for g in attention.tiled_backward(tiles, *(x.get() for x in (q, k, v, o, lse, do))))
+    monkeypatch.setattr(attention_cupy, "available", lambda: (True, ""))
+    monkeypatch.setattr(attention_cupy, "forward", forward)
+    monkeypatch.setattr(attention_cupy, "backward", backward)
+    rows = demo.attention_scaling(sizes=(256, 512, 1024), naive_up_to=1024, device=fakedevice)
+    naive = [r.naive_bytes for r in rows]
+    flash = [r.flash_bytes for r in rows]
+    assert 3.5 < naive[2] / naive[1] < 4.5 and 1.8 < flash[2] / flash[1] < 2.2, (naive, flash)
