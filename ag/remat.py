@@ -84,6 +84,7 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         again = [Tensor(t.value, requires_grad=t.requires_grad) for t in inputs]
         with _phase("recompute"):
             rerun = fn(*again)
+        release_unneeded([rerun], again)  # as the first forward would have: keep what backward reads
         if rerun.shape != out.shape:
             raise GraphError(f"checkpoint: fn returned shape {rerun.shape} on its rerun, "
                              f"{out.shape} the first time")
