@@ -307,6 +307,15 @@ def _exp_shifted(x: np.ndarray, lse: np.ndarray) -> np.ndarray:
     return np.exp(x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)) * np.isfinite(lse)
 
 
+def _softmax_grad(out: Tensor, y: np.ndarray, axis: int) -> np.ndarray:
+    """y ∘ (dy - Σ_axis dy ∘ y) in one buffer of y's size (dy's own when nothing reads it after)."""
+    dot = np.expand_dims(np.einsum("...i,...i->...", np.moveaxis(out.grad, axis, -1), np.moveaxis(y, axis, -1)), axis)
+    g = grad_to_overwrite(out)
+    g -= dot
+    g *= y
+    return g
+
+
 def softmax(a, axis: int = -1) -> Tensor:
     """y = exp(a - max) / Σ exp(a - max);  da = y * (dy - Σ_axis dy * y)."""
     a = _operand("softmax", a)
@@ -314,7 +323,7 @@ def softmax(a, axis: int = -1) -> Tensor:
 
     def _backward(out: Tensor) -> None:
         y = out.value
-        accumulate_grad(a, y * (out.grad - np.sum(out.grad * y, axis=ax, keepdims=True)))
+        accumulate_grad(a, _softmax_grad(out, y, ax))
     y = a.value - _finite_max(a.value, (ax,))
     np.exp(y, out=y)
     total = np.sum(y, axis=ax, keepdims=True)
@@ -493,10 +502,8 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
                          f"got shape {s.shape}")
 
     def _backward(out: Tensor) -> None:
-        y = out.value
-        g = out.grad * y
-        g -= y * np.sum(g, axis=-1, keepdims=True)
-        g *= y.dtype.type(scale)
+        g = _softmax_grad(out, out.value, out.ndim - 1)
+        g *= g.dtype.type(scale)
         accumulate_grad(s, g)
     y = s.value * s.dtype.type(scale)
     if causal:
