@@ -61,8 +61,8 @@ EXERCISES = (
         "flows into it (accumulate_grad, which the backward of matmul and sum call), and free a "
         "non-leaf tensor's grad right after its own backward step (the loop in backward).",
         (("tensor", "accumulate_grad"), ("tensor", "backward")),
-        "import numpy as np\n\nfrom ag import trace\nfrom ag.tensor import (GraphError, Tensor, _free_graph, "
-        "_record_step, _run_step, _seed_grad,\n                       _step, config, topological_sort, "
+        "import numpy as np\n\nfrom ag import trace\nfrom ag.tensor import (GraphError, Tensor, _array, _free_graph, "
+        "_record_step, _run_step,\n                       _seed_grad, _step, config, topological_sort, "
         "unbroadcast)",
         "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
         "print('forward MB:', [s.allocated_mb for s in run.forward])\n"

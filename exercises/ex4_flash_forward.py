@@ -26,7 +26,8 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dtype = np.result_type(q, k, v)
-    o = np.zeros(qg.shape, dtype=dtype)
+    # O in Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free
+    o = np.zeros_like(qg, dtype=dtype)
     lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)

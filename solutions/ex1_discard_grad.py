@@ -17,15 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from ag import trace
-from ag.tensor import (GraphError, Tensor, _free_graph, _record_step, _run_step, _seed_grad,
-                       _step, config, topological_sort, unbroadcast)
+from ag.tensor import (GraphError, Tensor, _array, _free_graph, _record_step, _run_step,
+                       _seed_grad, _step, config, topological_sort, unbroadcast)
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(np.asarray(grad), tensor.shape)
+    grad = unbroadcast(_array(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
     allocating = tensor.grad is None
