@@ -46,12 +46,12 @@ __device__ __forceinline__ float row_sum(float x) {
     return x;
 }
 
-// May query row `row` see key `col`? (causal: 0 none, 1 top-left, 2 bottom-right)
 // acc + a · b as four fused multiply-adds
 __device__ __forceinline__ float dot4_add(float acc, float4 a, float4 b) {
     return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
+// May query row `row` see key `col`? (causal: 0 none, 1 top-left, 2 bottom-right)
 __device__ __forceinline__ bool visible(int row, int col, int n_k, int causal, int offset) {
     return col < n_k && (causal == 0 || col <= row + offset);
 }
