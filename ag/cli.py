@@ -19,6 +19,15 @@ MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_
 def _demo(args: argparse.Namespace) -> int:
     if args.name == "parallel":
         return _parallel(args.extra)
+    if args.device == "gpu":
+        if args.name != "attention":
+            print(f"ag demo {args.name}: --device gpu applies to the attention demo only", file=sys.stderr)
+            return 2
+        from . import attention_cupy
+        ready, reason = attention_cupy.available()
+        if not ready:
+            print(f"ag demo attention --device gpu: no GPU here: {reason}", file=sys.stderr)
+            return 1
     from . import demo
     if args.name == "memory":
         demo.memory()

@@ -130,3 +130,11 @@ def test_demo_parallel_under_mpiexec_runs_on_two_ranks_without_the_hint():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "1.0000" in result.stdout and PARALLEL_LAUNCH not in result.stderr
+
+
+def test_gpu_attention_demo_without_a_gpu_says_why_and_fails(capsys, monkeypatch):
+    from ag import attention_cupy, cli
+    monkeypatch.setattr(attention_cupy, "available", lambda: (False, "CuPy is not importable"))
+    assert cli.main(["demo", "attention", "--device", "gpu"]) == 1
+    assert "no GPU here: CuPy is not importable" in capsys.readouterr().err
+    assert cli.main(["demo", "memory", "--device", "gpu"]) == 2
