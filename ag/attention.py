@@ -184,59 +184,65 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     _check_causal("flash_attention", causal)
     _check_block("flash_attention", "block_q", block_q)
     _check_block("flash_attention", "block_k", block_k)
-    backend = _backend(backend, q)
-    if backend == "cupy":
-        return _flash_cupy(q, k, v, causal, scale, return_lse)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
+    if _backend(backend, tq) == "cupy":
+        forward, backward = _cupy_passes(causal, scale)
+    else:
+        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k)
+    o, lse = forward(tq.value, tk.value, tv.value)
+    if not tensors:
+        return (o, lse) if return_lse else o
+
+    def _backward(out: Tensor) -> None:
+        dq, dk, dv = backward(tq.value, tk.value, tv.value, out.value, lse, out.grad)
+        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
+            if t.requires_grad:
+                accumulate_grad(t, g)
+    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
+    return (out, lse) if return_lse else out
+
+
+def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int):
+    """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's tiles."""
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
     heads = _check_shapes("flash_attention", tq, tk, tv)
     tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
-    o, lse = tiled_forward(tiles, tq.value, tk.value, tv.value)
-    tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
-    if not tensors:
-        return (o, lse) if return_lse else o
 
-    def _backward(out: Tensor) -> None:
-        dq, dk, dv = tiled_backward(tiles, tq.value, tk.value, tv.value, out.value, lse, out.grad)
+    def forward(q, k, v):
+        o_lse = tiled_forward(tiles, q, k, v)
+        tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
+        return o_lse
+
+    def backward(q, k, v, o, lse, do):
+        grads = tiled_backward(tiles, q, k, v, o, lse, do)
         tiles.forget_masks()
-        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
-            if t.requires_grad:
-                accumulate_grad(t, g)
-    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
-    return (out, lse) if return_lse else out
+        return grads
+    return forward, backward
 
 
-def _flash_cupy(q, k, v, causal, scale, return_lse: bool):
-    """The same op on the GPU: ``ag/kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy,
+def _cupy_passes(causal, scale):
+    """The same passes on the GPU: ``ag/kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy,
     float32, one thread block per (batch·head, query tile), no atomics in backward."""
     from . import attention_cupy
     ready, reason = attention_cupy.available()
     if not ready:
         raise RuntimeError(f"flash_attention(backend='cupy'): {reason}")
-    tensors = any(isinstance(x, Tensor) for x in (q, k, v))
-    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
-    o, lse = attention_cupy.forward(tq.value, tk.value, tv.value, causal=causal, scale=scale)
-    if not tensors:
-        return (o, lse) if return_lse else o
 
-    def _backward(out: Tensor) -> None:
-        dq, dk, dv = attention_cupy.backward(tq.value, tk.value, tv.value, out.value, lse, out.grad,
-                                             causal=causal, scale=scale)
-        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
-            if t.requires_grad:
-                accumulate_grad(t, g)
-    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
-    return (out, lse) if return_lse else out
+    def forward(q, k, v):
+        return attention_cupy.forward(q, k, v, causal=causal, scale=scale)
+
+    def backward(q, k, v, o, lse, do):
+        return attention_cupy.backward(q, k, v, o, lse, do, causal=causal, scale=scale)
+    return forward, backward
 
 
-def _backend(backend: str, q) -> str:
+def _backend(backend: str, q: Tensor) -> str:
     if backend == "auto":
-        value = q.value if isinstance(q, Tensor) else q
-        return "cupy" if type(value).__module__.startswith("cupy") else "numpy"
+        return "cupy" if type(q.value).__module__.startswith("cupy") else "numpy"
     if backend not in ("numpy", "cupy"):
         raise ValueError(f"flash_attention: backend must be 'numpy', 'cupy' or 'auto', got {backend!r}")
     return backend

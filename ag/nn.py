@@ -194,7 +194,35 @@ class MLP(Module):
         return self.fc2(self.gelu(self.fc1(x)))
 
 
-class TransformerLayer(Module):
+class LayerRun(Module):
+    """How a transformer layer runs, whatever it holds: ``forward_with(key)`` is its forward with
+    the dropout masks of call ``key``; ``granularity == "full"`` reruns it in backward."""
+
+    hidden_size: int
+    granularity: str | None
+    calls: int
+
+    def forward_with(self, key: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
+        raise NotImplementedError
+
+    def next_key(self) -> tuple[int, ...]:
+        """A fresh dropout key for each forward call (a rerun reuses its call's key)."""
+        key, self.calls = (self.calls,), self.calls + 1
+        return key
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.ndim != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (s, b, {self.hidden_size}), "
+                             f"got {x.shape}")
+        forward = self.forward_with(self.next_key())
+        if self.granularity == "full":
+            return remat.checkpoint(forward, x)
+        out = forward(x)
+        release_unneeded([out], [x])  # scores, projection outputs, the final residual sum
+        return out
+
+
+class TransformerLayer(LayerRun):
     """Pre-LN GPT layer on (s, b, h):  y = x + drop(attn(ln1(x))),  out = y + drop(mlp(ln2(y))).
 
     ``activations_checkpoint_granularity``: None keeps every activation backward reads,
@@ -220,18 +248,6 @@ class TransformerLayer(Module):
         self.ln2 = LayerNorm(hidden_size, dtype=dtype, name="layernorm2")
         self.mlp = MLP(hidden_size, dtype=dtype, seed=seed)
         self.mlp_dropout = Dropout(dropout, seed=seed * 4 + 3)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if x.ndim != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"TransformerLayer: expected input of shape (s, b, {self.hidden_size}), "
-                             f"got {x.shape}")
-        key, self.calls = (self.calls,), self.calls + 1
-        forward = self.forward_with(key)
-        if self.granularity == "full":
-            return remat.checkpoint(forward, x)
-        out = forward(x)
-        release_unneeded([out], [x])  # scores, projection outputs, the final residual sum
-        return out
 
     def forward_with(self, key: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
         """The layer's forward with its dropout masks fixed by ``key``: the same masks every run."""
@@ -280,17 +296,12 @@ class Transformer(Module):
     def __call__(self, x: Tensor) -> Tensor:
         for layers, rerun in self.chunks():
             if rerun:
-                forwards = [layer.forward_with(_next_key(layer)) for layer in layers]
+                forwards = [layer.forward_with(layer.next_key()) for layer in layers]
                 x = remat.checkpoint(lambda h, fs=forwards: _run(fs, h), x)
             else:
                 for layer in layers:
                     x = layer(x)
         return x
-
-
-def _next_key(layer: TransformerLayer) -> tuple[int, ...]:
-    key, layer.calls = (layer.calls,), layer.calls + 1
-    return key
 
 
 def _run(forwards: list[Callable[[Tensor], Tensor]], x: Tensor) -> Tensor:

@@ -31,9 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import memory_model, nn, ops, remat
+from . import memory_model, nn, ops
 from .demo import measure_activation_bytes, table
-from .tensor import Tensor, accumulate_grad, make_output, release_unneeded
+from .tensor import Tensor, accumulate_grad, make_output
 
 
 def _mpi():
@@ -143,7 +143,7 @@ class ColumnParallelLinear(nn.Module):
         return ops.linear(copy_to_tensor_region(x, self.group), self.weight, self.bias)
 
 
-class ParallelTransformerLayer(nn.Module):
+class ParallelTransformerLayer(nn.LayerRun):
     """One rank's share of ``nn.TransformerLayer(hidden_size, num_heads, ..., seed=seed)``.
 
     Built from the same seed as the one-process layer, then sliced: the rank owns query
@@ -168,9 +168,12 @@ class ParallelTransformerLayer(nn.Module):
         self.granularity, self.calls = activations_checkpoint_granularity, 0
         self.ln1, self.ln2 = full.ln1, full.ln2
 
+        # this rank's slices of the one-process weights: Q, K, V columns, out-projection rows, MLP columns
         q_cols = np.arange(r * h // t, (r + 1) * h // t)
         kv_cols = np.arange(r * g * d // t, (r + 1) * g * d // t)
         qkv_cols = np.concatenate([q_cols, h + kv_cols, h + g * d + kv_cols])
+        mlp_cols = np.arange(r * 4 * h // t, (r + 1) * 4 * h // t)
+        self.q_cols, self.qkv_cols, self.mlp_cols = q_cols, qkv_cols, mlp_cols
         self.attention = nn.MultiHeadAttention(h // t, num_heads // t, num_query_groups=g // t, dropout=dropout,
                                                attention=attention, causal=causal, dtype=dtype)
         self.attention.qkv = ColumnParallelLinear(full.attention.qkv.weight.value[:, qkv_cols],
@@ -186,7 +189,6 @@ class ParallelTransformerLayer(nn.Module):
             shard=lambda shape: ((shape[0], g) + shape[2:], (slice(None), groups)))
         self.proj_bias = full.attention.proj.bias
 
-        mlp_cols = np.arange(r * 4 * h // t, (r + 1) * 4 * h // t)
         self.fc1 = ColumnParallelLinear(full.mlp.fc1.weight.value[:, mlp_cols], full.mlp.fc1.bias.value[mlp_cols],
                                         group, sequence_parallel, "mlp.fc1")
         self.fc2_weight = Tensor(full.mlp.fc2.weight.value[mlp_cols], requires_grad=True, name="mlp.fc2.weight")
@@ -204,18 +206,6 @@ class ParallelTransformerLayer(nn.Module):
         if self.sequence_parallel:
             return reduce_scatter_to_sequence_region(x, self.group)
         return reduce_from_tensor_region(x, self.group)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if x.ndim != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"ParallelTransformerLayer: expected input of shape (s, b, {self.hidden_size}), "
-                             f"got {x.shape}")
-        key, self.calls = (self.calls,), self.calls + 1
-        forward = self.forward_with(key)
-        if self.granularity == "full":
-            return remat.checkpoint(forward, x)
-        out = forward(x)
-        release_unneeded([out], [x])
-        return out
 
     def forward_with(self, key: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
         def forward(x: Tensor) -> Tensor:
@@ -279,11 +269,7 @@ def check_gradients(group: Group, s: int, b: int, h: int, a: int, *, sequence_pa
 
     def whole(v: np.ndarray) -> np.ndarray:
         return group.all_gather(v) if sequence_parallel else v
-    t, r, g, d = group.size, group.rank, single.attention.groups, h // a
-    q_cols = np.arange(r * h // t, (r + 1) * h // t)
-    kv_cols = np.arange(r * g * d // t, (r + 1) * g * d // t)
-    qkv_cols = np.concatenate([q_cols, h + kv_cols, h + g * d + kv_cols])
-    mlp_cols = np.arange(r * 4 * h // t, (r + 1) * 4 * h // t)
+    q_cols, qkv_cols, mlp_cols = layer.q_cols, layer.qkv_cols, layer.mlp_cols
     pairs = [
         (whole(out.value), out_one.value), (whole(x.grad), one.grad),
         (layer.ln1.weight.grad, single.ln1.weight.grad), (layer.ln1.bias.grad, single.ln1.bias.grad),

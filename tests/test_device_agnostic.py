@@ -133,9 +133,10 @@ def test_gpu_tracing_without_cupy_says_what_is_missing(monkeypatch):
         ag.trace.start_trace(device="gpu")
 
 
-def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, monkeypatch):
-    """The GPU path's autograd wiring, with the kernels replaced by NumPy's tiled loops on the
-    double's arrays (the kernels themselves: tests/test_gpu_attention.py, on a GPU)."""
+@pytest.fixture
+def tiled_kernels(monkeypatch):
+    """``ag.attention_cupy`` with its kernels replaced by NumPy's tiled loops on the double's arrays
+    (the kernels themselves: tests/test_gpu_attention.py, on a GPU); records the calls."""
     from ag import attention, attention_cupy
     calls = []
 
@@ -147,12 +148,17 @@ def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, mo
     def backward(q, k, v, o, lse, do, *, causal, scale):
         calls.append("backward")
         heads = attention._check_shapes("test", q, k, v)
-        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 16, 16)
+        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 64, 64)
         grads = attention.tiled_backward(tiles, *(x.get() for x in (q, k, v, o, lse, do)))
         return tuple(fakedevice.to_device(g) for g in grads)
     monkeypatch.setattr(attention_cupy, "available", lambda: (True, ""))
     monkeypatch.setattr(attention_cupy, "forward", forward)
     monkeypatch.setattr(attention_cupy, "backward", backward)
+    return calls
+
+
+def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, tiled_kernels):
+    """The GPU path's autograd wiring, with the kernels replaced by NumPy's tiled loops."""
     arrays = [rng.standard_normal((1, 4, 9, 8)), rng.standard_normal((1, 2, 9, 8)), rng.standard_normal((1, 2, 9, 8))]
     device = [on_device(a) for a in arrays]
     reference = [ag.Tensor(a, requires_grad=True) for a in arrays]
@@ -160,28 +166,16 @@ def test_the_cupy_backend_plumbs_tensors_through_the_kernel_entry_points(rng, mo
     out_h = naive_attention(*reference, causal=True)
     ag.sum(out_d * out_d).backward()
     ag.sum(out_h * out_h).backward()
-    assert calls == ["forward", "backward"]
+    assert tiled_kernels == ["forward", "backward"]
     np.testing.assert_allclose(host(out_d), out_h.value, rtol=1e-10)
     for d, h in zip(device, reference):
         np.testing.assert_allclose(host(d.grad), h.grad, rtol=1e-9, atol=1e-12)
 
 
-def test_the_attention_demo_measures_the_device_pool(monkeypatch):
+def test_the_attention_demo_measures_the_device_pool(tiled_kernels):
     """``ag demo attention --device gpu``'s table, with the double as the GPU and NumPy's tiles as
     the kernels: naive's peak grows ×4 per doubling of N, flash's ×2."""
-    from ag import attention, attention_cupy, demo
-
-    def forward(q, k, v, *, causal, scale):
-        o, lse = attention.flash_attention(q.get(), k.get(), v.get(), causal=causal, scale=scale, return_lse=True)
-        return fakedevice.to_device(o), fakedevice.to_device(lse)
-
-    def backward(q, k, v, o, lse, do, *, causal, scale):
-        heads = attention._check_shapes("test", q, k, v)
-        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 64, 64)
-        return tuple(fakedevice.to_device(g) for g in attention.tiled_backward(tiles, *(x.get() for x in (q, k, v, o, lse, do))))
-    monkeypatch.setattr(attention_cupy, "available", lambda: (True, ""))
-    monkeypatch.setattr(attention_cupy, "forward", forward)
-    monkeypatch.setattr(attention_cupy, "backward", backward)
+    from ag import demo
     rows = demo.attention_scaling(sizes=(256, 512, 1024), naive_up_to=1024, device=fakedevice)
     naive = [r.naive_bytes for r in rows]
     flash = [r.flash_bytes for r in rows]

@@ -1,7 +1,9 @@
 """ag.nn: the transformer layer keeps, to the byte, what Korthikanti et al. 2022 count.
 
 Memory is measured with tracemalloc, counting only NumPy's data buffers (NumPy reports them
-in their own domain), so Python's object headers do not blur the figures.
+in their own domain), so Python's object headers do not blur the figures: bytes alive after
+the forward, minus its output (the next layer's input), plus its input (which the first layer
+norm saves), as ``ag.demo.measure_activation_bytes`` counts them.
 """
 import tracemalloc
 
@@ -10,6 +12,7 @@ import pytest
 
 import ag
 from ag import memory_model, nn
+from ag.demo import measure_activation_bytes
 from gradcheck import grad_check, torch_check
 
 SHAPES = [  # (s, b, h, a, num_query_groups)
@@ -19,25 +22,6 @@ SHAPES = [  # (s, b, h, a, num_query_groups)
     (64, 2, 64, 4, 2),       # GQA
     (64, 2, 64, 4, 1),       # MQA
 ]
-
-
-def _numpy_bytes() -> int:
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
-    return sum(t.size for t in snapshot.traces)
-
-
-def kept_bytes(model, x: ag.Tensor) -> tuple[int, ag.Tensor]:
-    """Bytes a forward leaves alive, minus the output (the next layer's input) plus the input
-    (which the first layer norm saves): the paper's activation memory."""
-    tracemalloc.start()
-    try:
-        before = _numpy_bytes()
-        out = model(x)
-        after = _numpy_bytes()
-    finally:
-        tracemalloc.stop()
-    return after - before - out.value.nbytes + x.value.nbytes, out
 
 
 def layer_input(s, b, h, dtype, seed=0) -> ag.Tensor:
@@ -50,7 +34,7 @@ def layer_input(s, b, h, dtype, seed=0) -> ag.Tensor:
 def test_float16_layer_keeps_exactly_the_papers_bytes(s, b, h, a, g, granularity):
     layer = nn.TransformerLayer(h, a, num_query_groups=g, activations_checkpoint_granularity=granularity,
                                 dtype=np.float16, seed=3)
-    measured, _ = kept_bytes(layer, layer_input(s, b, h, np.float16))
+    measured = measure_activation_bytes(layer, layer_input(s, b, h, np.float16))
     expected = memory_model.activation_bytes_per_layer(s, b, h, a, num_query_groups=g, recompute=granularity)
     assert measured == expected, f"measured {measured} B, formula {expected} B"
 
@@ -58,7 +42,7 @@ def test_float16_layer_keeps_exactly_the_papers_bytes(s, b, h, a, g, granularity
 def test_the_no_recomputation_figure_is_sbh_34_plus_5as_over_h():
     s, b, h, a = 64, 2, 64, 4
     layer = nn.TransformerLayer(h, a, dtype=np.float16)
-    measured, _ = kept_bytes(layer, layer_input(s, b, h, np.float16))
+    measured = measure_activation_bytes(layer, layer_input(s, b, h, np.float16))
     assert measured == s * b * h * (34 + 5 * a * s // h)
 
 
@@ -66,14 +50,14 @@ def test_the_no_recomputation_figure_is_sbh_34_plus_5as_over_h():
 def test_wider_activations_double_the_values_but_not_the_masks(dtype, bytes_per_value):
     s, b, h, a = 32, 2, 32, 2
     layer = nn.TransformerLayer(h, a, dtype=dtype)
-    measured, _ = kept_bytes(layer, layer_input(s, b, h, dtype))
+    measured = measure_activation_bytes(layer, layer_input(s, b, h, dtype))
     assert measured == memory_model.activation_bytes_per_layer(s, b, h, a, bytes_per_value=bytes_per_value)
 
 
 @pytest.mark.parametrize("s,b,h,a,g", SHAPES)
 def test_flash_attention_layer_keeps_the_selective_bytes_plus_its_logsumexp(s, b, h, a, g):
     layer = nn.TransformerLayer(h, a, num_query_groups=g, attention="flash", dtype=np.float16)
-    measured, _ = kept_bytes(layer, layer_input(s, b, h, np.float16))
+    measured = measure_activation_bytes(layer, layer_input(s, b, h, np.float16))
     selective = memory_model.activation_bytes_per_layer(s, b, h, a, num_query_groups=g, recompute="selective")
     assert measured == selective + a * s * b * 2  # lse: one float16 per (head, query)
     assert measured <= 1.01 * selective
@@ -99,7 +83,7 @@ def test_full_recomputation_of_a_stack_keeps_what_the_method_says(method, n):
     model = nn.Transformer(L, h, a, activations_checkpoint_granularity="full",
                            activations_checkpoint_method=method, activations_checkpoint_num_layers=n,
                            dtype=np.float16)
-    measured, _ = kept_bytes(model, layer_input(s, b, h, np.float16))
+    measured = measure_activation_bytes(model, layer_input(s, b, h, np.float16))
     full = memory_model.activation_bytes_per_layer(s, b, h, a)
     kept_input = memory_model.activation_bytes_per_layer(s, b, h, a, recompute="full")
     expected = -(-L // n) * kept_input if method == "uniform" else n * kept_input + (L - n) * full
@@ -109,7 +93,7 @@ def test_full_recomputation_of_a_stack_keeps_what_the_method_says(method, n):
 def test_a_stack_without_recomputation_keeps_L_layers():
     L, s, b, h, a = 3, 32, 2, 32, 2
     model = nn.Transformer(L, h, a, dtype=np.float16)
-    measured, _ = kept_bytes(model, layer_input(s, b, h, np.float16))
+    measured = measure_activation_bytes(model, layer_input(s, b, h, np.float16))
     assert measured == memory_model.activation_bytes(L, s, b, h, a)
 
 
