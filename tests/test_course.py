@@ -113,7 +113,7 @@ def test_the_autograder_bundle_holds_what_gradescope_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     with zipfile.ZipFile(tmp_path / "autograder.zip") as bundle:
         names = set(bundle.namelist())
-        assert {"setup.sh", "run_autograder", "ag-src/pyproject.toml", "ag-src/ag/course.py",
+        assert {"setup.sh", "run_autograder", "ag-src/pyproject.toml", "ag-src/ag/course/grade.py",
                 "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py"} <= names
         assert (bundle.getinfo("run_autograder").external_attr >> 16) & 0o111
         assert b"ag grade /autograder/submission" in bundle.read("run_autograder")

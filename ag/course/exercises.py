@@ -1,0 +1,117 @@
+"""The exercises: which functions of ag each one cuts out, its statement and its self-check."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent  # ag/
+REPO = PACKAGE.parent
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One homework: functions copied out of ag modules, a statement and its sanity checks."""
+
+    number: int
+    name: str
+    title: str
+    statement: str
+    functions: tuple[tuple[str, str], ...]  # (module under ag, function name)
+    imports: str
+    checks: str
+    expected: str
+
+    @property
+    def filename(self) -> str:
+        return f"ex{self.number}_{self.name}.py"
+
+    @property
+    def module_name(self) -> str:
+        return f"ex{self.number}_{self.name}"
+
+
+EXERCISES = (
+    Exercise(
+        1, "discard_grad", "Discarding the grad",
+        "A grad buffer costs as much as its value. Allocate it lazily, the first time something "
+        "flows into it (accumulate_grad, which the backward of matmul and sum call), and free a "
+        "non-leaf tensor's grad right after its own backward step (the loop in backward).",
+        (("tensor", "accumulate_grad"), ("tensor", "backward")),
+        "import numpy as np\n\nfrom ag import trace\nfrom ag.tensor import (GraphError, Tensor, _array, _free_graph, "
+        "_record_step, _run_step,\n                       _seed_grad, _step, config, topological_sort, "
+        "unbroadcast)",
+        "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
+        "print('forward MB:', [s.allocated_mb for s in run.forward])\n"
+        "print('backward MB:', [s.allocated_mb for s in run.backward])",
+        "forward MB: [32, 65, 98, 131, 163]\nbackward MB: [196, 171, 147, 122, 97, 40]"),
+    Exercise(
+        2, "rematerialize", "Rematerialization in the backward loop",
+        "Task 1: before a backward step, give every value the step reads (node._saved, and the node "
+        "itself if node._saves_output) that was discarded its value back, by calling "
+        "rematerialize. Task 2: a tensor with a rematerializer is not a checkpoint: write "
+        "discard_value_if_has_rematerializer, and call it after the last step that reads a value.",
+        (("tensor", "_run_step"), ("tensor", "discard_value_if_has_rematerializer")),
+        "from ag.tensor import Tensor, _phase, _step, rematerialize",
+        "import numpy as np\nimport ag\nfrom ag import course, remat\ncourse.install(__name__)\n"
+        "rng = np.random.default_rng(0)\nws = [ag.Tensor(rng.standard_normal((8, 8)) / 3, requires_grad=True) "
+        "for _ in range(10)]\nlayers = [lambda h, w=w: h @ w for w in ws]\nx = ag.Tensor(rng.standard_normal((4, 8)))\n"
+        "with ag.count_ops() as counts:\n    ag.sum(remat.sequential(layers, x, [5], mode='tensor')).backward()\n"
+        "print(counts)",
+        "matmuls: forward 10, recompute 21, backward 19 (total 50); FLOPs: 25,600"),
+    Exercise(
+        3, "online_softmax", "Online softmax: merging two blocks",
+        "softmax_block gives one block's softmax(s) @ v with its row max m and normalizer l. Write "
+        "merge_softmax_blocks: the softmax over both blocks' columns, from the two results alone "
+        "(rescale each normalizer to the new max; weight each output by its share of the total).",
+        (("attention", "merge_softmax_blocks"),),
+        "import numpy as np\n\nfrom ag.attention import SoftmaxBlock",
+        "import numpy as np\nfrom ag import course\nfrom ag.attention import softmax_block\n"
+        "course.install(__name__)\nrng = np.random.default_rng(0)\ns, v = rng.standard_normal((3, 8)), "
+        "rng.standard_normal((8, 2))\nmerged = merge_softmax_blocks(softmax_block(s[:, :3], v[:3]), "
+        "softmax_block(s[:, 3:], v[3:]))\np = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)\n"
+        "print('matches softmax(s) @ v:', np.allclose(merged.o, p @ v))",
+        "matches softmax(s) @ v: True"),
+    Exercise(
+        4, "flash_forward", "Tiled attention forward",
+        "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
+        "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
+        "once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled (scale * Q_i); "
+        "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile; tiles.key_tiles the key "
+        "tiles a query tile can see.",
+        (("attention", "tiled_forward"),),
+        "import numpy as np\n\nfrom ag.attention import _Tiles",
+        "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
+        "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
+        "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)\n"
+        "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))",
+        "equals naive: True"),
+    Exercise(
+        5, "flash_backward", "Tiled attention backward by recomputation",
+        "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
+        "tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) = scale * Q_i, "
+        "recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV += P^T dO, "
+        "dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg and dvg "
+        "(dq is multiplied by scale once after your loop; for GQA, _group_sum sums dK and dV over the "
+        "group axis -3).",
+        (("attention", "tiled_backward"),),
+        "import numpy as np\n\nfrom ag.attention import _Tiles, _group_sum",
+        "import numpy as np\nimport ag\nfrom ag import course\nfrom ag.attention import flash_attention, "
+        "naive_attention\ncourse.install(__name__)\nrng = np.random.default_rng(0)\n"
+        "arrays = [rng.standard_normal((1, 2, 40, 8)) for _ in range(3)]\ngrads = []\n"
+        "for attention in (naive_attention, flash_attention):\n    ts = [ag.Tensor(a, requires_grad=True) "
+        "for a in arrays]\n    ag.sum(attention(*ts, causal=True)).backward()\n    grads.append([t.grad for t in ts])\n"
+        "print('gradients equal naive:', all(np.allclose(a, b) for a, b in zip(*grads)))",
+        "gradients equal naive: True"),
+    Exercise(
+        6, "checkpoint_plan", "Choosing checkpoints",
+        "Write the sqrt strategy of plan (keep every floor(sqrt(n))-th output, through _every) and the "
+        "dynamic program of _optimal: for each last kept output c and each Pareto-optimal (bytes kept, "
+        "FLOPs) prefix, try every next kept output j (or none, j = n) whose local peak fits the budget.",
+        (("remat", "plan"), ("remat", "_optimal")),
+        "import math\n\nimport numpy as np\n\nfrom ag.remat import (STRATEGIES, _check_checkpoints, _every, _greedy, "
+        "_local_peak,\n                      _num_layers, _pareto, as_profile)",
+        "from ag import course, remat\ncourse.install(__name__)\nprint('sqrt of 64:', remat.plan(64, 'sqrt'))\n"
+        "chain = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1])\n"
+        "print('optimal at 12:', remat.plan(8, 'optimal', chain=chain, budget_bytes=12))",
+        "sqrt of 64: [7, 15, 23, 31, 39, 47, 55]\noptimal at 12: [1, 2, 5, 6]"),
+)
