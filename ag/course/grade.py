@@ -1,15 +1,25 @@
-"""GRADING (to be rewritten)"""
+"""Grading one submission: the judge runs in a process of its own, and the results come back
+as Gradescope's results.json.
+
+``grade`` starts the judge (``python -m ag.course.judge``), which runs the graded tests'
+checks and sends their probes to sandboxed workers (see ``judge`` and ``sandbox``); it reads
+the judge's results after the judge and every worker are gone.
+"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .exercises import REPO
+from .exercises import EXERCISES, REPO
+
+VISIBILITIES = ["hidden", "after_due_date", "after_published", "visible"]
+MAX_OUTPUT = 12_000
+
 
 @dataclass
 class TestResult:
@@ -20,6 +30,11 @@ class TestResult:
     output: str = ""
     visibility: str = "visible"
     seconds: float = 0.0
+
+    @property
+    def exercise(self) -> str:
+        """The exercise's file stem the name starts with (``ex3_online_softmax``): TAs sort by it."""
+        return self.name.split(":")[0]
 
 
 @dataclass
@@ -35,20 +50,28 @@ class Report:
     def max_score(self) -> float:
         return sum(t.max_score for t in self.tests)
 
+    def by_exercise(self) -> dict[str, float]:
+        """Points scored per exercise (hidden tests included), in the exercises' order."""
+        scores = {e.module_name: 0.0 for e in EXERCISES if any(t.exercise == e.module_name for t in self.tests)}
+        for t in self.tests:
+            scores[t.exercise] = scores.get(t.exercise, 0.0) + t.score
+        return scores
+
     def gradescope(self) -> dict:
-        """Gradescope's results.json: score, max_score, execution_time, tests[...]."""
+        """Gradescope's results.json; outputs are Markdown, hidden tests wait until published."""
         return {
             "score": self.score,
             "max_score": self.max_score,
             "execution_time": round(self.seconds, 2),
+            "output_format": "md",
+            "test_output_format": "md",
             "visibility": "visible",
             "stdout_visibility": "hidden",
             "tests": [{"name": t.name, "score": t.score, "max_score": t.max_score, "status": t.status,
-                       "output": t.output, "visibility": t.visibility} for t in self.tests],
+                       "output": t.output, "output_format": "md", "visibility": t.visibility}
+                      for t in self.tests],
         }
 
-
-MAX_OUTPUT = 10_000
 
 # What ``ag grade --json`` writes: the subset of Gradescope's results.json that ag fills in.
 RESULTS_SCHEMA = {
@@ -58,8 +81,10 @@ RESULTS_SCHEMA = {
         "score": {"type": "number", "minimum": 0},
         "max_score": {"type": "number", "minimum": 0},
         "execution_time": {"type": "number", "minimum": 0},
-        "visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
-        "stdout_visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
+        "output_format": {"enum": ["text", "html", "simple_format", "md", "ansi"]},
+        "test_output_format": {"enum": ["text", "html", "simple_format", "md", "ansi"]},
+        "visibility": {"enum": VISIBILITIES},
+        "stdout_visibility": {"enum": VISIBILITIES},
         "tests": {
             "type": "array",
             "items": {
@@ -70,8 +95,9 @@ RESULTS_SCHEMA = {
                     "score": {"type": "number", "minimum": 0},
                     "max_score": {"type": "number", "minimum": 0},
                     "status": {"enum": ["passed", "failed"]},
-                    "output": {"type": "string", "maxLength": 12_000},
-                    "visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
+                    "output": {"type": "string", "maxLength": MAX_OUTPUT},
+                    "output_format": {"enum": ["text", "html", "simple_format", "md", "ansi"]},
+                    "visibility": {"enum": VISIBILITIES},
                 },
                 "additionalProperties": False,
             },
@@ -81,63 +107,29 @@ RESULTS_SCHEMA = {
 }
 
 
-def collect(tests: Path) -> list[dict]:
-    """The graded tests under ``tests`` with their points and visibility, via pytest."""
-    with _temp_json() as out:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", str(tests), "--collect-only", "-q", "-p", "ag.course.plugin",
-             "-p", "no:cacheprovider"], capture_output=True, text=True,
-            env={**os.environ, "AG_GRADING_COLLECT": str(out)}, timeout=300)
-        if proc.returncode not in (0, 5) or not out.exists():
-            raise RuntimeError(f"grade: could not collect the tests in {tests}:\n{proc.stdout[-3000:]}"
-                               f"{proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
+def grade(submission: Path | str, tests: Path | str | None = None, *, timeout: float = 60.0, slot: int = 0,
+          hide=()) -> Report:
+    """Grade the student folder ``submission`` with the graded tests in ``tests``.
 
-
-def grade(submission: Path | str, tests: Path | str | None = None, *, timeout: float = 60.0) -> Report:
-    """Run every graded test on the student folder ``submission``, each in its own process."""
+    ``timeout``: seconds for each probe (and for loading the exercise); ``slot``: which worker
+    user a parallel job uses; ``hide``: more paths the workers must not see (the results'
+    folder, the gradebook). Raises RuntimeError if the judge itself fails: no grade then.
+    """
     tests = Path(tests) if tests else REPO / "tests" / "grading"
     submission = Path(submission).resolve()
+    if not submission.is_dir():
+        raise FileNotFoundError(f"grade: the submission {submission} is not a folder")
+    if not tests.is_dir():
+        raise FileNotFoundError(f"grade: the graded tests folder {tests} does not exist")
     started = time.perf_counter()
-    report = Report()
-    for item in collect(tests):
-        result = TestResult(item["name"], float(item["points"]), visibility=item["visibility"])
-        t0 = time.perf_counter()
-        result.status, result.output = _run_one(item["nodeid"], submission, tests, timeout)
-        result.seconds = time.perf_counter() - t0
-        result.score = result.max_score if result.status == "passed" else 0.0
-        report.tests.append(result)
-    report.seconds = time.perf_counter() - started
-    return report
-
-
-def _run_one(nodeid: str, submission: Path, tests: Path, timeout: float) -> tuple[str, str]:
-    cmd = [sys.executable, "-m", "pytest", nodeid, "-q", "-x", "--no-header", "-p", "no:cacheprovider",
-           "-p", "ag.course.plugin", "--tb=short"]
-    env = {**os.environ, "AG_SUBMISSION": str(submission), "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, env=env, timeout=timeout, cwd=tests.parent.parent)
-    except subprocess.TimeoutExpired as expired:
-        return "failed", f"timed out after {timeout:g} s\n" + _clip((expired.stdout or b"").decode(errors="replace"))
-    text = _clip(proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace"))
-    if proc.returncode == 0:
-        return "passed", ""
-    return "failed", text or f"the test process ended with exit code {proc.returncode}"
-
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_OUTPUT:
-        return text
-    return text[:MAX_OUTPUT // 2] + f"\n... [{len(text) - MAX_OUTPUT:,} characters cut] ...\n" + text[-MAX_OUTPUT // 2:]
-
-
-class _temp_json:
-    def __enter__(self) -> Path:
-        import tempfile
-        self.dir = tempfile.TemporaryDirectory()
-        return Path(self.dir.name) / "collected.json"
-
-    def __exit__(self, *exc) -> None:
-        self.dir.cleanup()
-
-
+    with tempfile.TemporaryDirectory(prefix="ag-grade-") as scratch:
+        out = Path(scratch) / "results.json"
+        command = [sys.executable, "-m", "ag.course.judge", "--submission", str(submission),
+                   "--tests", str(tests.resolve()), "--timeout", str(timeout), "--slot", str(slot),
+                   "--out", str(out), *[a for path in hide for a in ("--hide", str(path))]]
+        judge = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if judge.returncode != 0 or not out.exists():
+            raise RuntimeError(f"grade: the judge failed (exit code {judge.returncode}):\n"
+                               f"{judge.stdout[-3000:]}{judge.stderr[-3000:]}")
+        results = json.loads(out.read_text())
+    return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started)

@@ -2,56 +2,95 @@
 import numpy as np
 import pytest
 
-import ag
-from ag import demo
+from ag.course import probe
+from ag.course.checks import expect_close, expect_equal, expect_true
 
 
-@pytest.mark.points(2)
-def test_accumulate_grad_allocates_on_first_flow_and_adds_after(student):
-    ex = student(1)
-    t = ag.Tensor(np.zeros(3), requires_grad=True)
-    assert t.grad is None
-    ex.accumulate_grad(t, np.ones(3))
-    np.testing.assert_array_equal(t.grad, [1, 1, 1])
-    ex.accumulate_grad(t, np.full(3, 2.0))
-    np.testing.assert_array_equal(t.grad, [3, 3, 3])
+@probe
+def accumulate_twice(ex, first, second):
+    """Runs in the worker: a fresh leaf's grad before, after one and after two accumulate_grad calls."""
+    import ag
+    t = ag.Tensor(np.zeros(first.shape), requires_grad=True)
+    before = t.grad
+    ex.accumulate_grad(t, first)
+    after_first = t.grad.copy() if isinstance(t.grad, np.ndarray) else t.grad
+    ex.accumulate_grad(t, second)
+    return {"before": before, "after_first": after_first, "after_second": t.grad}
 
 
-@pytest.mark.points(2)
-def test_backward_frees_the_grad_of_every_non_leaf_and_keeps_the_leaves(student):
-    student(1)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 4))
-    w = ag.Tensor(rng.standard_normal((4, 4)), requires_grad=True)
+@probe
+def tanh_step(ex, x, w):
+    """Runs in the worker: backward of Σ tanh(x W)²; which grads survive it, and W's grad."""
+    import ag
+    w = ag.Tensor(w, requires_grad=True)
     h1 = ag.matmul(x, w)
     h2 = ag.tanh(h1)
     loss = ag.sum(h2 * h2)
     loss.backward()
-    assert h1.grad is None and h2.grad is None and loss.grad is None
-    y = np.tanh(x @ w.value)
-    np.testing.assert_allclose(w.grad, x.T @ (2 * y * (1 - y * y)))
+    return {"h1": h1.grad, "h2": h2.grad, "loss": loss.grad, "w": w.grad}
 
 
-@pytest.mark.points(3)
-def test_backward_memory_matches_the_lecture_table(student):
-    student(1)
+@probe
+def lecture_chain(ex):
+    """Runs in the worker: the lecture's 5-layer chain of 4096 × 4096 products, traced."""
+    from ag import demo
     run = demo.matmul_chain(4096, 5, eager=False)
-    assert [s.allocated_mb for s in run.backward] == [196, 171, 147, 122, 97, 40]
+    return [s.allocated_mb for s in run.backward]
 
 
-@pytest.mark.points(2)
-def test_a_retained_grad_survives_backward(student):
-    student(1)
+@probe
+def retained(ex):
+    """Runs in the worker: a non-leaf that asked to keep its grad, after backward."""
+    import ag
     w = ag.Tensor(np.ones((3, 3)), requires_grad=True)
     h = ag.matmul(np.ones((2, 3)), w).retain_grad()
     ag.sum(h).backward()
-    np.testing.assert_array_equal(h.grad, np.ones((2, 3)))
+    return h.grad
+
+
+@probe
+def reused(ex, a):
+    """Runs in the worker: the grad of a tensor used twice (b = a + a), through Σ b²."""
+    import ag
+    a = ag.Tensor(a, requires_grad=True)
+    b = a + a
+    ag.sum(b * b).backward()
+    return a.grad
+
+
+@pytest.mark.points(2)
+def test_accumulate_grad_allocates_on_first_flow_and_adds_after(worker):
+    got = worker(accumulate_twice, np.ones(3), np.full(3, 2.0))
+    expect_equal(got["before"], None, what="the grad of a leaf nothing has flowed into yet")
+    expect_close(got["after_first"], np.ones(3), what="the grad after the first accumulate_grad")
+    expect_close(got["after_second"], np.full(3, 3.0), what="the grad after the second accumulate_grad")
+
+
+@pytest.mark.points(2)
+def test_backward_frees_the_grad_of_every_non_leaf_and_keeps_the_leaves(worker):
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 4)), rng.standard_normal((4, 4))
+    got = worker(tanh_step, x, w)
+    for name in ("h1", "h2", "loss"):
+        expect_equal(got[name], None, what=f"the grad of the non-leaf {name} after backward")
+    y = np.tanh(x @ w)
+    expect_close(got["w"], x.T @ (2 * y * (1 - y * y)), rtol=1e-12, what="the leaf W's grad")
+
+
+@pytest.mark.points(3)
+def test_backward_memory_matches_the_lecture_table(worker):
+    expect_equal(worker(lecture_chain), [196, 171, 147, 122, 97, 40],
+                 what="MB allocated after each backward step (the lecture's table)")
+
+
+@pytest.mark.points(2)
+def test_a_retained_grad_survives_backward(worker):
+    expect_close(worker(retained), np.ones((2, 3)), what="the retained grad of h = x W")
 
 
 @pytest.mark.points(1)
-def test_grads_are_correct_through_a_reused_tensor(student):
-    student(1)
-    a = ag.Tensor(np.array([1.0, 2.0]), requires_grad=True)
-    b = a + a
-    ag.sum(b * b).backward()
-    np.testing.assert_allclose(a.grad, 8 * a.value)
+def test_grads_are_correct_through_a_reused_tensor(worker):
+    a = np.array([1.0, 2.0])
+    got = worker(reused, a)
+    expect_true(got is not None, "**a.grad** is None: both uses of a must flow into it")
+    expect_close(got, 8 * a, what="the grad of a through b = a + a, loss = Σ b²")

@@ -5,17 +5,32 @@ import numpy as np
 import pytest
 
 from ag import remat
+from ag.course import probe
+from ag.course.checks import expect_equal, expect_true
 
 
-@pytest.mark.points(3)
-def test_sqrt_keeps_every_floor_sqrt_n_th_output(student):
-    student(6)
-    assert remat.plan(64, "sqrt") == [7, 15, 23, 31, 39, 47, 55]
-    assert remat.plan(10, "sqrt") == [2, 5, 8]
-    assert remat.plan(3, "sqrt") == [0, 1]
+@probe
+def sqrt_plans(ex, sizes):
+    """Runs in the worker: the student's sqrt plan for chains of these lengths."""
+    return [ex.plan(n, "sqrt") for n in sizes]
+
+
+@probe
+def optimal_plans(ex, sizes, costs, budgets):
+    """Runs in the worker: the student's optimal plan at each budget (None where it finds none)."""
+    from ag import remat
+    profile = remat.ChainProfile(tuple(sizes), tuple(costs))
+    plans = []
+    for budget in budgets:
+        try:
+            plans.append(list(ex.plan(len(sizes), "optimal", chain=profile, budget_bytes=budget)))
+        except ValueError:
+            plans.append(None)
+    return plans
 
 
 def brute_force(profile, budget):
+    """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan)."""
     best = None
     for r in range(profile.n + 1):
         for kept in itertools.combinations(range(profile.n), r):
@@ -25,25 +40,41 @@ def brute_force(profile, budget):
     return best
 
 
+def valid_plan(plan, n):
+    return isinstance(plan, list) and all(type(k) is int and 0 <= k < n for k in plan) and plan == sorted(set(plan))
+
+
+@pytest.mark.points(3)
+def test_sqrt_keeps_every_floor_sqrt_n_th_output(worker):
+    expect_equal(worker(sqrt_plans, [64, 10, 3]), [[7, 15, 23, 31, 39, 47, 55], [2, 5, 8], [0, 1]],
+                 what="the sqrt plans for 64, 10 and 3 layers")
+
+
 @pytest.mark.points(4)
-def test_optimal_recomputes_as_little_as_brute_force(student):
-    student(6)
+def test_optimal_recomputes_as_little_as_brute_force(worker):
     rng = np.random.default_rng(0)
     profile = remat.ChainProfile(tuple(int(x) for x in rng.integers(1, 9, 8)),
                                  tuple(int(x) for x in rng.integers(1, 9, 8)))
     full = remat.predict(profile, range(8)).peak_bytes
-    for budget in np.linspace(full * 0.6, full, 5).astype(int):
+    budgets = [int(b) for b in np.linspace(full * 0.6, full, 5)]
+    plans = worker(optimal_plans, list(profile.sizes), list(profile.costs), budgets)
+    for budget, plan in zip(budgets, plans):
         best = brute_force(profile, budget)
         if best is None:
             continue
-        kept = remat.plan(8, "optimal", chain=profile, budget_bytes=int(budget))
-        assert remat.predict(profile, kept).recompute_flops == best
+        expect_true(valid_plan(plan, 8), f"**plan at budget {budget}**: expected a sorted list of kept outputs "
+                                         f"in 0..7, got `{plan!r}`"[:400])
+        expect_equal(remat.predict(profile, plan).recompute_flops, best,
+                     what=f"recomputed FLOPs of the optimal plan at budget {budget} (brute force's)")
 
 
 @pytest.mark.points(3)
-def test_the_optimal_plan_fits_its_budget(student):
-    student(6)
+def test_the_optimal_plan_fits_its_budget(worker):
     profile = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1, 2, 2])
-    for budget in (13, 16, 20):
-        kept = remat.plan(10, "optimal", chain=profile, budget_bytes=budget)
-        assert remat.predict(profile, kept).peak_bytes <= budget
+    budgets = [13, 16, 20]
+    plans = worker(optimal_plans, list(profile.sizes), list(profile.costs), budgets)
+    for budget, plan in zip(budgets, plans):
+        expect_true(valid_plan(plan, 10), f"**plan at budget {budget}**: expected a sorted list of kept "
+                                          f"outputs in 0..9, got `{plan!r}`"[:400])
+        peak = remat.predict(profile, plan).peak_bytes
+        expect_true(peak <= budget, f"**plan {plan} at budget {budget}**: its predicted peak is {peak}")

@@ -1,0 +1,221 @@
+"""The judge: runs the graded tests' checks in its own process, on data from sandboxed workers.
+
+A graded test is a probe and a check. The probe (a function marked ``@probe`` in a public test
+file) runs in the worker on the student's module and data the judge sends; the check is the
+``test_*`` function, which runs here, asks the ``worker`` fixture for the probe's data and
+asserts on it against references computed here. Student code never runs in this process, so
+nothing it patches, prints or exits with reaches a verdict.
+
+It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytest collects the
+tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
+worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
+fails, the next starts afresh), and records each test's result. The results are written only
+after every worker process is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from .sandbox import SandboxError, StudentError, Worker, exercise_of
+
+MAX_TEST_OUTPUT = 4000
+
+
+class Judge:
+    """What one grading run knows: the submission, the tests' metadata, the worker in use."""
+
+    def __init__(self, submission: Path, tests: Path, timeout: float, slot: int, hide: list[str]) -> None:
+        self.submission, self.tests, self.timeout, self.slot, self.hide = submission, tests, timeout, slot, hide
+        self.meta: dict[str, dict] = {}
+        self.order: list[str] = []
+        self.results: dict[str, dict] = {}
+        self.probes_per_exercise: dict[int, int] = {}
+        self.worker: Worker | None = None
+        self.broken: dict[int, str] = {}  # exercises whose file cannot even be imported
+
+    def collect(self, items) -> None:
+        """Read each test's points, visibility and exercise; run them exercise by exercise, the
+        hidden ones last within theirs, so each exercise needs one worker."""
+        for item in items:
+            points = item.get_closest_marker("points")
+            if points is None or not points.args:
+                raise pytest.UsageError(f"graded test {item.nodeid} has no points(n) marker")
+            exercise = exercise_of(Path(str(item.path)))
+            hidden = item.get_closest_marker("hidden") is not None
+            self.meta[item.nodeid] = {"exercise": exercise, "points": float(points.args[0]),
+                                      "visibility": "after_published" if hidden else "visible",
+                                      "name": f"{exercise.module_name}: {item.name}"}
+            self.probes_per_exercise[exercise.number] = self.probes_per_exercise.get(exercise.number, 0) + 1
+        order = {item.nodeid: i for i, item in enumerate(items)}
+        items.sort(key=lambda item: (self.meta[item.nodeid]["exercise"].number,
+                                     self.meta[item.nodeid]["visibility"] != "visible", order[item.nodeid]))
+        self.order = [item.nodeid for item in items]
+
+    def run_probe(self, exercise, probe, args, kwargs):
+        """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot."""
+        name = f"{probe.__module__}:{probe.__qualname__}"
+        if not getattr(probe, "__ag_probe__", False):
+            raise TypeError(f"{name} is not marked @probe")
+        if not probe.__module__.startswith(f"test_ex{exercise.number}_"):
+            raise TypeError(f"{name}: a probe must come from a public test file of exercise "
+                            f"{exercise.number} (test_ex{exercise.number}_*.py): hidden files never reach "
+                            "the worker")
+        if exercise.number in self.broken:
+            raise StudentError(self.broken[exercise.number])
+        worker = self._worker_for(exercise)
+        return worker.call(name, args, kwargs)
+
+    def _worker_for(self, exercise) -> Worker:
+        if self.worker is not None and (self.worker.exercise is not exercise or not self.worker.alive):
+            self.worker.close()
+            self.worker = None
+        if self.worker is None:
+            worker = Worker(exercise, self.submission, self.tests, timeout=self.timeout, slot=self.slot,
+                            probes=self.probes_per_exercise.get(exercise.number, 1), hide=self.hide)
+            try:
+                worker.start()
+            except StudentError as error:
+                self.broken[exercise.number] = str(error)
+                raise
+            self.worker = worker
+        return self.worker
+
+    def record(self, nodeid: str, passed: bool, output: str, seconds: float) -> None:
+        meta = self.meta[nodeid]
+        self.results[nodeid] = {
+            "name": meta["name"], "max_score": meta["points"], "score": meta["points"] if passed else 0.0,
+            "status": "passed" if passed else "failed", "output": _clip(output),
+            "visibility": meta["visibility"], "seconds": round(seconds, 3)}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+_judge: Judge | None = None
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("ag grade")
+    group.addoption("--ag-submission", help="the student's folder")
+    group.addoption("--ag-timeout", type=float, default=60.0, help="seconds per probe")
+    group.addoption("--ag-slot", type=int, default=0, help="which worker user a parallel job uses")
+    group.addoption("--ag-hide", action="append", default=[], help="a path the worker must not see")
+
+
+def pytest_configure(config) -> None:
+    global _judge
+    config.addinivalue_line("markers", "points(n): what the test is worth in a graded run")
+    config.addinivalue_line("markers", "hidden: a test students do not see before grades are published")
+    submission = config.getoption("--ag-submission")
+    if submission:
+        _judge = Judge(Path(submission).resolve(), Path(str(config.args[0])).resolve(),
+                       config.getoption("--ag-timeout"), config.getoption("--ag-slot"),
+                       config.getoption("--ag-hide"))
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    if _judge is not None:
+        _judge.collect(items)
+
+
+@pytest.fixture
+def worker(request):
+    """``worker(probe, *args, **kwargs)``: run ``probe`` in the sandbox on the student's exercise
+    and these arguments (plain data and NumPy arrays), and return what it returned, as data."""
+    if _judge is None:
+        raise pytest.UsageError("graded tests run under `ag grade` (python -m ag.course.judge)")
+    exercise = _judge.meta[request.node.nodeid]["exercise"]
+
+    def run(probe, *args, **kwargs):
+        try:
+            return _judge.run_probe(exercise, probe, args, kwargs)
+        except SandboxError as error:
+            pytest.exit(f"ag grade: {error}", returncode=3)
+    return run
+
+
+def pytest_runtest_setup(item) -> None:
+    item.stash[_started] = time.perf_counter()
+
+
+_started = pytest.StashKey[float]()
+
+
+def pytest_runtest_makereport(item, call) -> None:
+    if _judge is None or item.nodeid not in _judge.meta:
+        return
+    seconds = time.perf_counter() - item.stash.get(_started, time.perf_counter())
+    if call.excinfo is not None and call.when in ("setup", "call"):
+        _judge.record(item.nodeid, False, _message(call.excinfo.value), seconds)
+    elif call.when == "call":
+        _judge.record(item.nodeid, True, "", seconds)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if _judge is not None:
+        _judge.close()
+
+
+def _message(error: BaseException) -> str:
+    """What a failed test says: the check's own message (never its source or a traceback)."""
+    if isinstance(error, StudentError):
+        return f"Your code failed here: {error}"
+    if isinstance(error, AssertionError):
+        return str(error) or "the check failed"
+    if isinstance(error, pytest.skip.Exception):
+        return f"skipped: {error}"
+    return f"the check could not be completed: {type(error).__name__}: {str(error)[:500]}"
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_TEST_OUTPUT:
+        return text
+    return text[:MAX_TEST_OUTPUT] + f"\n\n... [{len(text) - MAX_TEST_OUTPUT:,} characters cut]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ag.course.judge", description=__doc__.splitlines()[0])
+    parser.add_argument("--submission", required=True)
+    parser.add_argument("--tests", required=True)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--slot", type=int, default=0)
+    parser.add_argument("--hide", action="append", default=[])
+    parser.add_argument("--out", required=True, help="where to write the tests' results (JSON)")
+    parser.add_argument("-k", dest="select", help="only the tests whose names match (pytest's -k)")
+    args = parser.parse_args(argv)
+    from ag.course import judge as plugin  # run as __main__, this file is a second module: use pytest's
+    with tempfile.TemporaryDirectory(prefix="ag-judge-") as scratch:
+        ini = Path(scratch) / "pytest.ini"
+        ini.write_text("[pytest]\n")  # the graded tests run under no one else's configuration
+        options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
+                   "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-W", "ignore",
+                   "--ag-submission", args.submission, "--ag-timeout", str(args.timeout),
+                   "--ag-slot", str(args.slot)]
+        for path in args.hide:
+            options += ["--ag-hide", path]
+        if args.select:
+            options += ["-k", args.select]
+        code = pytest.main(options)
+    judge = plugin._judge
+    if judge is None or code not in (0, 1):
+        print(f"ag grade: the judge stopped (pytest exit code {code})", file=sys.stderr)
+        return 3
+    judge.close()  # every worker is gone before anything is written
+    ordered = [judge.results[nodeid] for nodeid in judge.order if nodeid in judge.results]
+    Path(args.out).write_text(json.dumps(ordered))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.exit(main())

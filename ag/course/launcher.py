@@ -1,0 +1,174 @@
+"""The worker's launcher: builds the sandbox, then becomes the worker.
+
+The judge starts it as ``python -I -S launcher.py FD`` (standard library only: nothing of ag
+is imported here, so no solution is in this process's memory), under
+``unshare --mount --net --pid --fork --mount-proc`` when the judge is root. It reads one
+message from the channel FD (the sandbox's files and limits) and then, when isolating:
+
+1. remounts every mount read-only in its private mount namespace, and mounts small fresh
+   tmpfs on /tmp, /var/tmp and /dev/shm: the worker can write nowhere else, and not much there;
+2. mounts an empty tmpfs over each hidden path (the graded tests, ag's source, the results'
+   folder, other students' submissions);
+3. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
+   submission) under /tmp/sandbox, owned by root, and a scratch folder owned by the worker;
+4. sets the rlimits, drops to the unprivileged worker user, forbids new privileges;
+5. execs Python running ``ag.course.worker.main`` in the scratch folder, on the same channel.
+
+It is PID 1 of its PID namespace from then on: when it exits or is killed, the kernel kills
+every process left in the namespace, however it was forked.
+"""
+import base64
+import ctypes
+import json
+import os
+import resource
+import struct
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
+KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+              "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+MS_MOVE = 8192
+SANDBOX = "/tmp/sandbox"
+PR_SET_NO_NEW_PRIVS = 38
+LIMITS = {"cpu": resource.RLIMIT_CPU, "address_space": resource.RLIMIT_AS, "processes": resource.RLIMIT_NPROC,
+          "file_size": resource.RLIMIT_FSIZE, "open_files": resource.RLIMIT_NOFILE, "core": resource.RLIMIT_CORE}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def main(fd: int) -> None:
+    config = _read_config(fd)
+    root = SANDBOX if config["isolate"] else config["root"]
+    if config["isolate"]:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        _remount_everything_read_only()
+        for path, options in config["scratch"]:
+            if os.path.isdir(path):
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        _reveal(config["reveal"])
+        for path in config["hide"]:
+            _hide(path)
+    _write_files(root, config["files"])
+    work = os.path.join(root, "work")
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    if config["isolate"]:
+        os.chown(work, config["uid"], config["gid"])
+    for name, value in config["limits"].items():
+        resource.setrlimit(LIMITS[name], (value, value))
+    if config["isolate"]:
+        os.setgroups([])
+        os.setgid(config["gid"])
+        os.setuid(config["uid"])
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.chdir(work)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for stream in (0, 1, 2):  # the worker's output goes nowhere: nothing it prints is read
+        os.dup2(devnull, stream)
+    env = dict(config["env"], HOME=work, PYTHONPATH=os.path.join(root, "lib"), AG_SANDBOX=root)
+    start = "import json, sys; from ag.course.worker import main; main(int(sys.argv[1]), json.loads(sys.argv[2]))"
+    argv = [config["python"], "-s", "-B", "-c", start, str(fd), json.dumps(config["worker"])]
+    os.execve(config["python"], argv, env)
+
+
+def _read_config(fd: int) -> dict:
+    """The judge's first message (see ag.course.channel: length, header length, JSON; no arrays)."""
+    def read(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                sys.exit("launcher: the judge closed the channel before sending the sandbox")
+            data += chunk
+        return data
+    (size,) = struct.unpack(">Q", read(8))
+    payload = read(size)
+    (header,) = struct.unpack(">I", payload[:4])
+    config = _plain(json.loads(payload[4:4 + header]))
+    config["files"] = {path: base64.b64decode(data) for path, data in config["files"].items()}
+    return config
+
+
+def _plain(node):
+    """Undo ag.course.channel's wrapping of dicts ({"__dict__": {...}}) in the judge's message."""
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, dict) and set(node) == {"__dict__"}:
+        return {k: _plain(v) for k, v in node["__dict__"].items()}
+    return node
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    encode = lambda s: None if s is None else s.encode()  # noqa: E731
+    if _libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"launcher: mount on {target} failed: {os.strerror(errno)}")
+
+
+def _remount_everything_read_only() -> None:
+    """Every mount of this namespace, read-only from now on (a bind remount keeps its other flags)."""
+    for target, options in _mounts():
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        flags |= sum(bit for name, bit in KEPT_FLAGS.items() if name in options)
+        try:
+            _mount(None, target, None, flags)
+        except OSError:
+            if os.path.exists(target) and not _is_read_only(target):
+                raise  # fail closed: a mount we cannot make read-only stays writable
+
+
+def _mounts() -> list[tuple[str, set[str]]]:
+    mounts = []
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            fields = line.split()
+            target = fields[4].encode().decode("unicode_escape")  # \040 is a space
+            mounts.append((target, set(fields[5].split(","))))
+    return mounts
+
+
+def _is_read_only(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+def _reveal(reveal: list) -> None:
+    """Make each needed folder (Python's prefix) reachable under a folder the worker may not
+    enter (/root, 0700): that folder becomes an empty tmpfs holding only the needed folder,
+    at its own path, so nothing else in it can be seen."""
+    for i, (needed, _) in enumerate(reveal):
+        os.makedirs(f"/tmp/.reveal{i}")
+        _mount(needed, f"/tmp/.reveal{i}", None, MS_BIND | MS_REC)
+    for blocked in sorted({blocked for _, blocked in reveal}):
+        _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=755")
+    for i, (needed, _) in enumerate(reveal):
+        os.makedirs(needed, mode=0o755, exist_ok=True)
+        _mount(f"/tmp/.reveal{i}", needed, None, MS_MOVE)
+        _mount(None, needed, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.rmdir(f"/tmp/.reveal{i}")
+    for blocked in sorted({blocked for _, blocked in reveal}):
+        _mount(None, blocked, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _hide(path: str) -> None:
+    """Cover a folder with an empty read-only tmpfs, or a file with /dev/null."""
+    if os.path.isdir(path):
+        _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")
+    elif os.path.exists(path):
+        _mount("/dev/null", path, None, MS_BIND)
+
+
+def _write_files(root: str, files: dict) -> None:
+    for relative, data in files.items():
+        path = os.path.join(root, relative)
+        if os.path.relpath(path, root).startswith(".."):
+            raise ValueError(f"launcher: {relative!r} is outside the sandbox")
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "wb") as out:
+            out.write(data)
+        os.chmod(path, 0o644)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,69 @@
+"""References the checks compare against, in plain NumPy: they need no exercise solved, so the
+judge computes them the same way from the instructor's ag and from the students' release."""
+import numpy as np
+
+
+def softmax_v(s, v):
+    """softmax(s, axis=-1) @ v, shifted by the row max so huge logits stay finite."""
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+def qkv(n_q, n_k, h, h_kv, d=8, seed=0):
+    """Random q (1, h, n_q, d), k and v (1, h_kv, n_k, d)."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, h, n_q, d)), rng.standard_normal((1, h_kv, n_k, d)),
+            rng.standard_normal((1, h_kv, n_k, d)))
+
+
+def _probabilities(q, k, causal):
+    """P = softmax(QKᵀ/√d + mask) per query head (k shared across each GQA group), and lse."""
+    group = q.shape[-3] // k.shape[-3]
+    k = np.repeat(k, group, axis=-3)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if causal:
+        offset = n_k - n_q if causal == "bottom_right" else 0
+        s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - m)
+    l = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(l))[..., 0]
+    return p, lse, group
+
+
+def attention(q, k, v, causal=False):
+    """O = softmax(QKᵀ/√d + mask) V and the row logsumexp; a row that sees nothing gives O = 0."""
+    p, lse, group = _probabilities(q, k, causal)
+    return p @ np.repeat(v, group, axis=-3), lse
+
+
+def attention_grads(q, k, v, do, causal=False):
+    """dQ, dK, dV of Σ O ∘ dO: dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)), dQ = dS K/√d,
+    dK = dSᵀ Q/√d, dK and dV summed over each GQA group."""
+    p, _, group = _probabilities(q, k, causal)
+    kr, vr = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    o = p @ vr
+    ds = p * (do @ np.swapaxes(vr, -1, -2) - np.sum(do * o, axis=-1, keepdims=True))
+    scale = 1 / np.sqrt(q.shape[-1])
+    dq = ds @ kr * scale
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    dv = np.swapaxes(p, -1, -2) @ do
+    shape = k.shape[:-3] + (k.shape[-3], group) + k.shape[-2:]
+    return dq, dk.reshape(shape).sum(axis=-3), dv.reshape(shape).sum(axis=-3)
+
+
+def tanh_chain_grads(x, weights):
+    """The weights' grads of Σ h_n for h_{i+1} = tanh(h_i W_i), h_0 = x."""
+    hs = [x]
+    for w in weights:
+        hs.append(np.tanh(hs[-1] @ w))
+    g, grads = np.ones_like(hs[-1]), []
+    for i in reversed(range(len(weights))):
+        g = g * (1 - hs[i + 1] ** 2)
+        grads.append(hs[i].T @ g)
+        g = g @ weights[i].T
+    return grads[::-1]
