@@ -26,3 +26,7 @@ def torch_or_skip():
         return pytest.importorskip("torch")
     import torch
     return torch
+
+
+# The graded tests run under the judge (`ag grade`), which test_course.py and test_redteam.py drive.
+collect_ignore = ["grading"]

@@ -1,0 +1,132 @@
+"""The judge's parts: the data channel, probes cut from test files, the checks' messages."""
+import socket
+import textwrap
+
+import numpy as np
+import pytest
+
+from ag.course import channel, checks, sandbox
+
+
+def roundtrip(value):
+    return channel.decode(channel.encode(value))
+
+
+def test_plain_data_and_numeric_arrays_cross_the_channel_unchanged():
+    value = {"o": np.arange(6.0).reshape(2, 3), "m": [1, 2.5, None, True, "x"], "n": {"k": np.int32(7)},
+             "inf": float("inf"), "t": (1, 2)}
+    got = roundtrip(value)
+    np.testing.assert_array_equal(got["o"], value["o"])
+    assert got["o"].dtype == np.float64 and got["o"].flags.writeable
+    assert got["m"] == [1, 2.5, None, True, "x"] and got["n"] == {"k": 7} and got["inf"] == float("inf")
+    assert got["t"] == [1, 2]
+
+
+class EqualsAnything:
+    def __eq__(self, other):
+        return True
+
+
+class FloatThatLies(float):
+    def __eq__(self, other):
+        return True
+
+
+class ArrayThatLies(np.ndarray):
+    def __eq__(self, other):
+        return np.ones(self.shape, bool)
+
+
+@pytest.mark.parametrize("hostile", [EqualsAnything(), FloatThatLies(1.0), np.zeros(3).view(ArrayThatLies),
+                                     np.array([object()]), np.array(["a"]), {1: 2}, lambda: 1],
+                         ids=["eq", "float-subclass", "ndarray-subclass", "object-array", "str-array",
+                              "int-keys", "function"])
+def test_objects_that_are_not_plain_data_are_refused_before_anything_is_sent(hostile):
+    with pytest.raises(TypeError, match="cannot be sent"):
+        channel.encode({"result": hostile})
+
+
+@pytest.mark.parametrize("payload", [b"", b"\x00\x00\x00\x05{\"a\":", b"\x00\x00\x00\x02[]extra",
+                                     b'\x00\x00\x00\x38{"__array__": 0, "dtype": "|O8", "shape": [1]}xxxxxxxx',
+                                     b'\x00\x00\x00\x36{"__array__": 0, "dtype": "<f8", "shape": [99]}'])
+def test_a_malformed_message_is_a_channel_error_never_an_object(payload):
+    with pytest.raises(channel.ChannelError, match="malformed"):
+        channel.decode(payload)
+
+
+def test_a_reply_over_the_limit_is_refused_without_reading_it():
+    a, b = socket.socketpair()
+    with a, b:
+        channel.send(a, np.zeros(1000))
+        with pytest.raises(channel.ChannelError, match="at most 100 are read"):
+            channel.receive(b, timeout=5, limit=100)
+
+
+def test_a_silent_worker_is_a_time_out():
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(channel.ChannelError, match="in time"):
+        channel.receive(b, timeout=0.2)
+
+
+def test_the_worker_gets_a_test_file_without_its_checks(tmp_path):
+    source = textwrap.dedent('''
+        import pytest
+        from ag.course import probe
+
+        SECRET_EXPECTED = 42
+
+        @probe
+        def run(ex, x):
+            return ex.f(x)
+
+        @pytest.mark.points(3)
+        def test_f(worker):
+            assert worker(run, 1) == SECRET_EXPECTED
+
+        class TestMore:
+            def test_g(self):
+                assert "hidden detail"
+        ''')
+    path = tmp_path / "test_ex3_thing.py"
+    path.write_text(source)
+    cut = sandbox.probe_source(path)
+    assert "def run(ex, x)" in cut and "SECRET_EXPECTED = 42" in cut
+    assert "def test_f" not in cut and "worker(run, 1)" not in cut and "hidden detail" not in cut
+    compile(cut, "probes", "exec")
+
+
+def test_a_graded_file_names_its_exercise(tmp_path):
+    assert sandbox.exercise_of(tmp_path / "test_hidden_ex3.py").module_name == "ex3_online_softmax"
+    with pytest.raises(ValueError, match="names no exercise"):
+        sandbox.exercise_of(tmp_path / "test_misc.py")
+
+
+def test_hiding_a_folder_that_holds_python_hides_its_other_children_instead(tmp_path):
+    venv = tmp_path / "course" / ".venv"
+    (venv / "lib").mkdir(parents=True)
+    (tmp_path / "course" / "solutions").mkdir()
+    (tmp_path / "course" / "notes.txt").write_text("x")
+    covered = sandbox._cover(tmp_path / "course", [venv])
+    assert sorted(covered) == [str(tmp_path / "course" / "notes.txt"), str(tmp_path / "course" / "solutions")]
+    assert sandbox._cover(tmp_path / "course" / "solutions", [venv]) == [str(tmp_path / "course" / "solutions")]
+
+
+def test_a_check_puts_expected_beside_got():
+    with pytest.raises(AssertionError) as failed:
+        checks.expect_close(np.array([1.0, 2.0, 3.5]), np.array([1.0, 2.0, 3.0]), what="O")
+    message = str(failed.value)
+    assert "**O**" in message and "`(2,)`" in message and "`3`" in message and "`3.5`" in message
+    with pytest.raises(AssertionError, match="expected an array of numbers of shape"):
+        checks.expect_close([1.0, 2.0], np.array([1.0, 2.0]), what="O")
+    with pytest.raises(AssertionError, match="expected shape"):
+        checks.expect_close(np.zeros(3), np.zeros(2), what="O")
+    with pytest.raises(AssertionError):
+        checks.expect_close(np.array([np.nan]), np.array([1.0]), what="O")
+
+
+def test_equality_checks_compare_types_too():
+    checks.expect_equal([1, 2], [1, 2], what="plan")
+    with pytest.raises(AssertionError):
+        checks.expect_equal(1.0, 1, what="count")
+    with pytest.raises(AssertionError):
+        checks.expect_equal(np.zeros(2), None, what="grad")
