@@ -226,7 +226,8 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
         for t in output._saved + ((output,) if saves_output else ()):
             t._needed_by += 1
     for t in inputs:
-        discard_value_if_has_rematerializer(t)
+        if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
+            discard_value_if_has_rematerializer(t)
     if _recorders:
         _recorders[-1].append(output)
     trace.record(config.phase, op, output.name)  # "recompute" when a rematerializer runs it
@@ -352,11 +353,12 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
 def _run_step(node: Tensor) -> None:
     """One backward step: beam back the values it reads, run its closure, discard them again."""
     needed = node._saved + ((node,) if node._saves_output else ())
-    ### BEGIN SOLUTION
-    for t in needed:
-        if t.value is None:
-            t.value = rematerialize(t, f"backward of {node.op}")
-    ### END SOLUTION
+    if any(t.value is None for t in needed):  # something this step reads was discarded
+        ### BEGIN SOLUTION
+        for t in needed:
+            if t.value is None:
+                t.value = rematerialize(t, f"backward of {node.op}")
+        ### END SOLUTION
     _step.begin(node)
     try:
         with _phase("backward"):
@@ -365,7 +367,7 @@ def _run_step(node: Tensor) -> None:
         _step.end()
     for t in needed:
         t._needed_by -= 1
-        if t._needed_by <= 0:  # no backward step left that reads it
+        if t._needed_by <= 0 and t.rematerializer is not None:  # no step left reads it; it can come back
             ### BEGIN SOLUTION
             discard_value_if_has_rematerializer(t)
             ### END SOLUTION

@@ -7,6 +7,10 @@ scale * Q_i, recompute P = exp(S - L) from tiles.scores and the saved logsumexp 
 and dvg (dq is multiplied by scale once after your loop; for GQA, _group_sum sums dK and dV
 over the group axis -3).
 
+Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of
+every exercise's functions are stubs: this check runs on them. course.install puts your
+ex1_discard_grad.py and ex4_flash_forward.py from this folder into the engine.
+
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex5_flash_backward.py
 which should print

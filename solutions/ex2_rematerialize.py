@@ -5,6 +5,10 @@ itself if node._saves_output) that was discarded its value back, by calling rema
 Task 2: a tensor with a rematerializer is not a checkpoint: write
 discard_value_if_has_rematerializer, and call it after the last step that reads a value.
 
+Needs exercise 1 solved when you work from the release, where ag's own copies of every
+exercise's functions are stubs: this check runs on it. course.install puts your
+ex1_discard_grad.py from this folder into the engine.
+
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python solutions/ex2_rematerialize.py
 which should print
@@ -20,9 +24,10 @@ from ag.tensor import Tensor, _phase, _step, rematerialize
 def _run_step(node: Tensor) -> None:
     """One backward step: beam back the values it reads, run its closure, discard them again."""
     needed = node._saved + ((node,) if node._saves_output else ())
-    for t in needed:
-        if t.value is None:
-            t.value = rematerialize(t, f"backward of {node.op}")
+    if any(t.value is None for t in needed):  # something this step reads was discarded
+        for t in needed:
+            if t.value is None:
+                t.value = rematerialize(t, f"backward of {node.op}")
     _step.begin(node)
     try:
         with _phase("backward"):
@@ -31,7 +36,7 @@ def _run_step(node: Tensor) -> None:
         _step.end()
     for t in needed:
         t._needed_by -= 1
-        if t._needed_by <= 0:  # no backward step left that reads it
+        if t._needed_by <= 0 and t.rematerializer is not None:  # no step left reads it; it can come back
             discard_value_if_has_rematerializer(t)
 
 

@@ -20,6 +20,7 @@ class Exercise:
     imports: str
     checks: str
     expected: str
+    needs: tuple[int, ...] = ()  # exercises whose solved functions the self-check runs on in the release
 
     @property
     def filename(self) -> str:
@@ -43,7 +44,8 @@ EXERCISES = (
         "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
         "print('forward MB:', [s.allocated_mb for s in run.forward])\n"
         "print('backward MB:', [s.allocated_mb for s in run.backward])",
-        "forward MB: [32, 65, 98, 131, 163]\nbackward MB: [196, 171, 147, 122, 97, 40]"),
+        "forward MB: [32, 65, 98, 131, 163]\nbackward MB: [196, 171, 147, 122, 97, 40]",
+        needs=()),
     Exercise(
         2, "rematerialize", "Rematerialization in the backward loop",
         "Task 1: before a backward step, give every value the step reads (node._saved, and the node "
@@ -57,7 +59,8 @@ EXERCISES = (
         "for _ in range(10)]\nlayers = [lambda h, w=w: h @ w for w in ws]\nx = ag.Tensor(rng.standard_normal((4, 8)))\n"
         "with ag.count_ops() as counts:\n    ag.sum(remat.sequential(layers, x, [5], mode='tensor')).backward()\n"
         "print(counts)",
-        "matmuls: forward 10, recompute 21, backward 19 (total 50); FLOPs: 25,600"),
+        "matmuls: forward 10, recompute 21, backward 19 (total 50); FLOPs: 25,600",
+        needs=(1,)),  # its steps run inside exercise 1's backward
     Exercise(
         3, "online_softmax", "Online softmax: merging two blocks",
         "softmax_block gives one block's softmax(s) @ v with its row max m and normalizer l. Write "
@@ -84,7 +87,8 @@ EXERCISES = (
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
         "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)\n"
         "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))",
-        "equals naive: True"),
+        "equals naive: True",
+        needs=()),
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
@@ -101,7 +105,8 @@ EXERCISES = (
         "for attention in (naive_attention, flash_attention):\n    ts = [ag.Tensor(a, requires_grad=True) "
         "for a in arrays]\n    ag.sum(attention(*ts, causal=True)).backward()\n    grads.append([t.grad for t in ts])\n"
         "print('gradients equal naive:', all(np.allclose(a, b) for a, b in zip(*grads)))",
-        "gradients equal naive: True"),
+        "gradients equal naive: True",
+        needs=(1, 4)),  # the engine's backward (1) through flash_attention's forward (4)
     Exercise(
         6, "checkpoint_plan", "Choosing checkpoints",
         "Write the sqrt strategy of plan (keep every floor(sqrt(n))-th output, through _every) and the "

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .assign import stubbed
 from .exercises import EXERCISES, Exercise
 
 
@@ -13,22 +14,44 @@ def install(module, setter=setattr) -> list[str]:
     """Put an exercise module's functions into ag in place of the library's own.
 
     Every ag module that holds the library function under that name gets the student's one,
-    so ``ag.matmul`` calls the student's ``accumulate_grad``. Returns the names installed.
-    Tests pass ``monkeypatch.setattr`` as ``setter`` so that ag is restored afterwards.
+    so ``ag.matmul`` calls the student's ``accumulate_grad``. In the release, where ag's own
+    copies of every exercise's functions are stubs, the other exercises' files in the module's
+    folder are installed too, so exercise 2 runs on the student's exercise 1. Returns the names
+    installed. Tests pass ``monkeypatch.setattr`` as ``setter`` so that ag is restored afterwards.
     """
     if isinstance(module, str):
         module = sys.modules[module]
     exercise = _exercise_of(module)
+    solved = [(exercise, module)] + _stubbed_neighbours(module, exercise)
+    students = [m for _, m in solved]
+    return [name for e, m in solved for name in _install_functions(m, e, students, setter)]
+
+
+def _install_functions(module, exercise: Exercise, students: list, setter) -> list[str]:
+    """Replace each of the exercise's library functions by the module's one, wherever ag or a
+    student's module holds it (ex1 imports ex2's ``_run_step`` from ag.tensor)."""
     installed = []
     for module_name, name in exercise.functions:
         library = importlib.import_module(f"ag.{module_name}")
         original = getattr(library, name)
         replacement = getattr(module, name)
-        for loaded in [m for n, m in list(sys.modules.items()) if n == "ag" or n.startswith("ag.")]:
-            if getattr(loaded, name, None) is original:
-                setter(loaded, name, replacement)
+        loaded = [m for n, m in list(sys.modules.items()) if n == "ag" or n.startswith("ag.")]
+        for holder in loaded + students:
+            if getattr(holder, name, None) is original:
+                setter(holder, name, replacement)
         installed.append(name)
     return installed
+
+
+def _stubbed_neighbours(module, exercise: Exercise) -> list[tuple[Exercise, object]]:
+    """The other exercises whose functions are stubs in this ag, loaded from files beside ``module``."""
+    path = getattr(module, "__file__", None)
+    stubs = stubbed() - {exercise.number}
+    if not path or not stubs:
+        return []
+    folder = Path(path).resolve().parent
+    return [(other, load_submission(folder, other)) for other in EXERCISES
+            if other.number in stubs and (folder / other.filename).exists()]
 
 
 def _exercise_of(module) -> Exercise:
