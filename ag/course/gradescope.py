@@ -6,19 +6,34 @@ from pathlib import Path
 
 from .exercises import REPO
 
-SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once when it builds the autograder image.
+# Gradescope builds the image from its Ubuntu base (22.04 or 24.04; a Debian 12 root behaves the same): it
+# unzips the bundle into /autograder/source, copies run_autograder to /autograder/run_autograder and runs
+# setup.sh as root. Those systems mark their Python "externally managed" (PEP 668), so a bare `pip install`
+# stops; ag and pytest go into a virtual environment of their own instead, at /autograder/venv: outside
+# /autograder/source, which the grader hides from the student's code.
+VENV = "/autograder/venv"
+
+SETUP_SH = f"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder image.
 set -euo pipefail
-apt-get update -qq && apt-get install -y -qq python3 python3-pip > /dev/null
-python3 -m pip install --quiet /autograder/source/ag-src pytest pytest-timeout
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# python3-venv: venv and its pip; ca-certificates: pip's HTTPS. The grader sandboxes each test as root
+# with unshare (util-linux), mount (mount) and useradd (passwd): minimal images have them, make sure.
+apt-get install -y -qq --no-install-recommends \\
+    python3 python3-venv ca-certificates util-linux mount passwd > /dev/null
+rm -rf {VENV}
+python3 -m venv {VENV}
+{VENV}/bin/python -m pip install --quiet --disable-pip-version-check "/autograder/source/ag-src[grade]"
+{VENV}/bin/python -c "import ag, pytest"
 """
 
-RUN_AUTOGRADER = """#!/usr/bin/env bash
+RUN_AUTOGRADER = f"""#!/usr/bin/env bash
 # Gradescope runs this for every submission; the student's files are in /autograder/submission.
 set -uo pipefail
 mkdir -p /autograder/results
-cd /autograder/source
-python3 -m ag grade /autograder/submission --tests /autograder/source/tests/grading \\
+cd /autograder/source  # the grader runs each test from here (tests/grading/..)
+{VENV}/bin/python -m ag grade /autograder/submission --tests /autograder/source/tests/grading \\
     --json /autograder/results/results.json
 """
 
