@@ -57,6 +57,16 @@ def _parallel(argv: list[str]) -> int:
 
 def _assign(args: argparse.Namespace) -> int:
     from . import course
+    if args.release:
+        from .course.assign import release
+        try:
+            written = release(args.release)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"ag assign: {error}", file=sys.stderr)
+            return 2
+        print(f"release written to {args.release}: {len(written)} file(s), every exercise a stub"
+              + "".join(f"\n  {p}" for p in written))
+        return 0
     stale = course.assign(args.root, check=args.check)
     if args.check:
         for path in stale:
@@ -69,8 +79,10 @@ def _assign(args: argparse.Namespace) -> int:
 
 def _grade(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
     from . import course
+    from .course import batch
     if args.autograder:
         path = course.autograder_bundle(args.autograder)
         print(f"Gradescope autograder bundle written: {path}")
@@ -78,7 +90,17 @@ def _grade(args: argparse.Namespace) -> int:
     if not args.submission:
         print("ag grade: give a submission folder, or --autograder OUT.zip", file=sys.stderr)
         return 2
-    report = course.grade(args.submission, args.tests, timeout=args.timeout)
+    if _is_class(args.submission):
+        return _grade_class(args)
+    if args.csv or args.json_dir:
+        print(f"ag grade: {args.submission} holds one student's exercise files; --csv and --json-dir are for a "
+              "class folder (one subfolder per student), use --json", file=sys.stderr)
+        return 2
+    with batch.prepared(args.submission) as (folder, notes):
+        hide = [Path(args.json).resolve().parent] if args.json else []  # student code never sees results
+        report = course.grade(folder, args.tests, timeout=args.timeout, hide=hide)
+    for note in notes:
+        print(f"skipped: {note}", file=sys.stderr)
     for t in report.tests:
         print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {t.name}")
     print(f"score: {report.score:g} / {report.max_score:g}")
@@ -86,6 +108,40 @@ def _grade(args: argparse.Namespace) -> int:
         with open(args.json, "w") as out:
             json.dump(report.gradescope(), out, indent=2)
         print(f"results written: {args.json}")
+    return 0
+
+
+def _is_class(folder: str) -> bool:
+    """A class folder holds one subfolder per student and no exercise files of its own."""
+    from pathlib import Path
+    path = Path(folder)
+    own = [*path.glob("ex*.py"), *path.glob("*.ipynb")]
+    return path.is_dir() and not own and any(p.is_dir() and not p.name.startswith((".", "__"))
+                                              for p in path.iterdir())
+
+
+def _grade_class(args: argparse.Namespace) -> int:
+    import statistics
+    import time
+
+    from .course import batch
+    if args.json:
+        print("ag grade: --json is for one student; a class writes one results file each with --json-dir",
+              file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    reports = batch.grade_class(args.submission, args.tests, jobs=args.jobs, timeout=args.timeout,
+                                csv_path=args.csv, json_dir=args.json_dir)
+    seconds = time.perf_counter() - started
+    max_total = max(r.max_score for r in reports.values())
+    for student, report in reports.items():
+        print(f"{report.score:6g}/{max_total:<4g} {student}")
+    mean = statistics.fmean(r.score for r in reports.values())
+    print(f"students: {len(reports)}, mean total: {mean:.1f} / {max_total:g}, time: {seconds:.1f} s "
+          f"({seconds / len(reports):.1f} s per student, {args.jobs} at a time)")
+    for label, path in (("gradebook", args.csv), ("results", args.json_dir)):
+        if path:
+            print(f"{label} written: {path}")
     return 0
 
 
@@ -105,13 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
     assign = commands.add_parser("assign", help="generate exercises/ and solutions/ from the marked regions in ag/")
     assign.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
     assign.add_argument("--root", default=None, help="the repository (default: the one ag is in)")
+    assign.add_argument("--release", metavar="DIR", default=None,
+                        help="write what students receive to DIR instead: exercises/, ag with every "
+                             "exercise a stub (pip-installable), the public graded tests")
     assign.set_defaults(run=_assign)
     grade = commands.add_parser("grade", help="run the graded tests on a student's folder (Gradescope results)")
-    grade.add_argument("submission", nargs="?", help="folder holding the student's exN_*.py files")
+    grade.add_argument("submission", nargs="?", help="folder holding the student's exN_*.py files or .ipynb "
+                       "notebooks, or a class: one such folder per student")
     grade.add_argument("--json", help="write Gradescope's results.json here")
     grade.add_argument("--tests", default=None, help="graded tests folder (default: tests/grading)")
     grade.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
     grade.add_argument("--autograder", metavar="OUT.zip", help="write a Gradescope autograder bundle instead")
+    grade.add_argument("--jobs", type=int, default=1, help="a class: students graded at once (default 1)")
+    grade.add_argument("--csv", metavar="GRADEBOOK.csv", help="a class: write the gradebook here")
+    grade.add_argument("--json-dir", metavar="DIR", help="a class: write DIR/<student>.json, Gradescope's results")
     grade.set_defaults(run=_grade)
     return parser
 

@@ -1,0 +1,315 @@
+"""Grading a whole class: one folder per student, notebooks turned into exercise files, several
+students graded at once, then a gradebook CSV and one Gradescope results.json per student.
+
+A notebook gives the grader only its imports and definitions: its demo cells never run.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import csv
+import inspect
+import json
+import os
+import queue
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+from .exercises import EXERCISES, Exercise
+from .grade import Report, TestResult, grade
+
+# IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
+MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
+# what a plain top-level constant may be built from: no calls, subscripts or comprehensions
+CONSTANT_NODES = (ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.BinOp, ast.UnaryOp, ast.operator,
+                  ast.unaryop, ast.Tuple, ast.List, ast.Set, ast.Dict)
+
+
+MAX_ERROR = 10_000  # characters of a failed grading kept in the student's results
+MAX_ERROR_LINE = 300  # and in the gradebook
+
+
+class NotebookError(ValueError):
+    """A notebook that is not valid JSON, not nbformat 4, or holds a code cell that is not Python."""
+
+
+def notebook_submission(ipynb: Path | str, dest: Path | str) -> list[Path]:
+    """Write ``dest/exN_name.py`` for every exercise whose functions the notebook all defines.
+
+    Each file is the notebook's top-level imports and definitions (functions, classes, plain
+    constants) in cell order; expression statements and calls, the demo cells, are left out.
+    """
+    ipynb, dest = Path(ipynb), Path(dest)
+    nodes = [(python, node) for source in _code_cells(ipynb) for python, node in _kept(ipynb, source)]
+    defined = {node.name for _, node in nodes if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    body = "\n\n".join(_segment(source, node) for source, node in nodes)
+    written = []
+    dest.mkdir(parents=True, exist_ok=True)
+    for exercise in EXERCISES:
+        if all(name in defined for _, name in exercise.functions):
+            path = dest / exercise.filename
+            path.write_text(f'"""{exercise.module_name}: the imports and definitions of {ipynb.name}."""\n'
+                            f"from __future__ import annotations\n\n{body}\n")
+            written.append(path)
+    return written
+
+
+def _code_cells(ipynb: Path) -> list[str]:
+    try:
+        notebook = json.loads(ipynb.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise NotebookError(f"{ipynb.name} is not a notebook: not valid JSON ({error})") from None
+    if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
+        raise NotebookError(f"{ipynb.name} is not an nbformat 4 notebook (no 'nbformat': 4 with a list of cells)")
+    sources = []
+    for cell in notebook["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            source = cell.get("source", "")
+            sources.append("".join(source) if isinstance(source, list) else str(source))
+    return sources
+
+
+def _kept(ipynb: Path, source: str) -> list[tuple[str, ast.stmt]]:
+    """The top-level imports, definitions and constant assignments of one code cell, each with
+    the Python source it was parsed from."""
+    if source.lstrip().startswith("%%"):
+        return []  # a cell magic (%%timeit, %%bash, ...): its body is not Python
+    python, tree = _parse(ipynb, source)
+    return [(python, node) for node in tree.body if _is_definition(node)]
+
+
+def _parse(ipynb: Path, source: str) -> tuple[str, ast.Module]:
+    try:
+        return source, ast.parse(source)  # a cell that parses is kept byte for byte, strings included
+    except SyntaxError:
+        pass
+    python = "\n".join(_without_magic(line) for line in source.splitlines())
+    try:
+        return python, ast.parse(python)
+    except SyntaxError as error:
+        first = source.strip().splitlines()[0] if source.strip() else ""
+        raise NotebookError(f"{ipynb.name}: the code cell starting {first[:60]!r} is not Python: "
+                            f"{error.msg} on its line {error.lineno}") from None
+
+
+def _without_magic(line: str) -> str:
+    """``pass`` at the same indent in place of an IPython line, so that the blocks around it stay valid."""
+    if not MAGIC.match(line):
+        return line
+    return line[:len(line) - len(line.lstrip())] + "pass"
+
+
+def _is_definition(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.module != "__future__"  # the written file starts with its own
+    if isinstance(node, (ast.Import, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return (all(isinstance(t, ast.Name) for t in targets)
+                and all(isinstance(n, CONSTANT_NODES) for n in ast.walk(node.value)))
+    return False
+
+
+def _segment(source: str, node: ast.stmt) -> str:
+    """The node's source text, its decorators included."""
+    decorators = getattr(node, "decorator_list", None)
+    first, col = (decorators[0], 0) if decorators else (node, node.col_offset)  # from the '@' on
+    span = SimpleNamespace(lineno=first.lineno, col_offset=col, end_lineno=node.end_lineno,
+                           end_col_offset=node.end_col_offset)
+    return ast.get_source_segment(source, span)
+
+
+@contextlib.contextmanager
+def prepared(folder: Path | str) -> Iterator[tuple[Path, list[str]]]:
+    """The student's folder ready to grade, with the notes of notebooks that could not be read.
+
+    Without notebooks that is ``folder`` itself; with them a temporary copy in which each
+    notebook's exercises were written first, so that a .py file wins over a notebook.
+    """
+    folder = Path(folder)
+    notebooks = sorted(folder.glob("*.ipynb"))
+    if not notebooks:
+        yield folder, []
+        return
+    with tempfile.TemporaryDirectory(prefix="ag-student-") as temp:
+        notes = []
+        for notebook in notebooks:
+            try:
+                notebook_submission(notebook, temp)
+            except NotebookError as error:
+                notes.append(str(error))
+        for file in folder.iterdir():
+            if file.is_file() and file.suffix != ".ipynb":
+                shutil.copy(file, temp)
+        yield Path(temp), notes
+
+
+def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: int = 1, timeout: float = 60.0,
+                csv_path: Path | str | None = None, json_dir: Path | str | None = None,
+                progress: bool = True) -> dict[str, Report]:
+    """Grade every student folder under ``folder``, ``jobs`` students at a time.
+
+    Writes the gradebook (``csv_path``: student, points per exercise, total, max_total, error)
+    and ``json_dir/<student>.json``, Gradescope's results for each. A student whose grading
+    raises gets 0 and the error, one line, in the gradebook; the others are graded all the same.
+    """
+    students = student_folders(folder)
+    if json_dir is not None:
+        Path(json_dir).mkdir(parents=True, exist_ok=True)
+    reports, errors = {}, {}
+    bar = Progress(len(students), enabled=progress)
+    hide = [Path(p).resolve() for p in (csv_path, json_dir) if p is not None]
+    for student, report, error in _graded(students, tests, jobs, timeout, hide):
+        reports[student] = report
+        if error:
+            errors[student] = error
+        if json_dir is not None:
+            _write_json(Path(json_dir) / f"{student}.json", report)
+        bar.advance()
+    reports = dict(sorted(reports.items()))
+    if csv_path is not None:
+        write_gradebook(csv_path, reports, errors)
+    return reports
+
+
+def student_folders(folder: Path | str) -> dict[str, Path]:
+    """The students of a class folder, by name, sorted: its subfolders, hidden ones left out."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"grade_class: {folder} is not a folder")
+    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith((".", "__"))}
+
+
+def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: list[Path]):
+    """(student, report, error) as each student's grading finishes; each thread keeps one slot."""
+    jobs = max(1, min(jobs, len(students) or 1))
+    slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(jobs):
+        slots.put(slot)
+    local = threading.local()
+
+    def init() -> None:
+        local.slot = slots.get()
+
+    def work(student: str) -> tuple[str, Report, str]:
+        return (student, *_grade_student(students[student], tests, timeout, local.slot, hide))
+
+    pool = ThreadPoolExecutor(max_workers=jobs, initializer=init, thread_name_prefix="ag-grade")
+    try:
+        for future in as_completed([pool.submit(work, s) for s in students]):
+            yield future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)  # after Ctrl-C, the students not started yet are not graded
+
+
+def _grade_student(folder: Path, tests, timeout: float, slot: int, hide: list[Path]) -> tuple[Report, str]:
+    """The student's report and a one-line error ("" when grading went through)."""
+    try:
+        with prepared(folder) as (submission, notes):
+            report = grade(submission, tests, timeout=timeout, **_optional_arguments(slot, hide))
+        return report, "; ".join(notes)
+    except Exception as error:  # one student's failure never stops the class
+        text = f"grading failed: {type(error).__name__}: {error}"
+        line = " ".join(text.split())
+        return Report(tests=[TestResult(name="grading", max_score=0.0, score=0.0, status="failed",
+                                        output=text[:MAX_ERROR])]), line[:MAX_ERROR_LINE]
+
+
+def _optional_arguments(slot: int, hide: list[Path]) -> dict:
+    """What ``grade`` takes of: ``slot``, the sandbox user of this thread, and ``hide``, the gradebook
+    and the results folder, which no student's code may see."""
+    accepted = inspect.signature(grade).parameters
+    wanted = {"slot": slot, "hide": hide}
+    return {name: value for name, value in wanted.items() if name in accepted}
+
+
+def exercise_of(test_name: str) -> Exercise | None:
+    """The exercise a graded test belongs to, from its file stem, the part of its name before ': '."""
+    stem = test_name.split(": ", 1)[0]
+    for exercise in EXERCISES:
+        if exercise.module_name in stem:
+            return exercise
+    number = re.search(r"ex(\d+)(?!\d)", stem)  # hidden tests: "test_hidden_ex3"
+    return next((e for e in EXERCISES if number and e.number == int(number.group(1))), None)
+
+
+def points_by_exercise(report: Report) -> dict[str, float]:
+    """Points scored per exercise module name, hidden tests included."""
+    points = {e.module_name: 0.0 for e in EXERCISES}
+    for test in report.tests:
+        exercise = exercise_of(test.name)
+        if exercise is not None:
+            points[exercise.module_name] += test.score
+    return points
+
+
+def write_gradebook(path: Path | str, reports: dict[str, Report], errors: dict[str, str]) -> Path:
+    """The gradebook CSV, written to a temporary file and renamed into place."""
+    path = Path(path)
+    max_total = max((r.max_score for r in reports.values()), default=0.0)
+    header = ["student", *(e.module_name for e in EXERCISES), "total", "max_total", "error"]
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(header)
+            for student, report in reports.items():
+                points = points_by_exercise(report).values()
+                writer.writerow([student, *(f"{p:g}" for p in points), f"{report.score:g}", f"{max_total:g}",
+                                 errors.get(student, "")])
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+    return path
+
+
+def _write_json(path: Path, report: Report) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(json.dumps(report.gradescope(), indent=2))
+    os.replace(temp, path)
+
+
+class Progress:
+    """done/total, students per second and the time left on stderr: in place on a terminal,
+    otherwise a line every tenth of the class."""
+
+    def __init__(self, total: int, *, enabled: bool = True, stream=None) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled and total > 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.started = time.perf_counter()
+        self.step = max(1, -(-total // 10))
+
+    def advance(self) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write(f"\r{self.line()}\x1b[K" + ("\n" if self.done == self.total else ""))
+        elif self.done % self.step == 0 or self.done == self.total:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        filled = round(20 * self.done / self.total)
+        return (f"grading [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} students, "
+                f"{rate:.2f}/s, ETA {_clock(left)}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"

@@ -1,0 +1,105 @@
+"""Grading a class: K copies of solutions/ graded by ``ag.course.batch.grade_class``.
+
+    python benchmarks/grading.py                    # 300 students, as many at once as there are cores
+    python benchmarks/grading.py --students 4       # a few students; the time is scaled to 300
+
+Every student is a copy of solutions/, so every student must get full marks; the goal is the
+course's: a class of 300 graded on this machine in at most 15 minutes. With fewer students than
+300 the figure is scaled linearly from the seconds per student, and the output says so.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ag.course import EXERCISES, REPO  # noqa: E402
+from ag.course.batch import exercise_of, grade_class  # noqa: E402
+
+CLASS = 300
+GOAL_SECONDS = 15 * 60
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def make_class(root: Path, students: int) -> Path:
+    """``students`` folders, each a copy of solutions/'s exercise files."""
+    for i in range(students):
+        folder = root / f"student{i:03d}"
+        folder.mkdir(parents=True)
+        for file in sorted((REPO / "solutions").glob("ex*.py")):
+            shutil.copy(file, folder)
+    return root
+
+
+def missed_marks(reports) -> list[str]:
+    """One line per student without full marks (the copies of solutions/ must all get them)."""
+    full = max(r.max_score for r in reports.values())
+    lines = []
+    for student, report in reports.items():
+        if report.score < full:
+            failed = [t.name for t in report.tests if t.status != "passed"]
+            lines.append(f"{student}: {report.score:g} / {full:g}; failed: {', '.join(failed[:3])}"
+                         + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
+    return lines
+
+
+def time_by_exercise(reports) -> str:
+    """Mean seconds per student in each exercise's tests, and in the rest (starting the judge, workers)."""
+    seconds = {e.module_name: 0.0 for e in EXERCISES}
+    for report in reports.values():
+        for test in report.tests:
+            exercise = exercise_of(test.name)
+            if exercise is not None:
+                seconds[exercise.module_name] += test.seconds / len(reports)
+    rest = statistics.fmean(r.seconds for r in reports.values()) - sum(seconds.values())
+    return ", ".join(f"{name.split('_')[0]} {s:.2f}" for name, s in seconds.items()) + f", the rest {rest:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--students", type=int, default=CLASS, help=f"class size K (default {CLASS})")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="students at once (default: cores)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    args = parser.parse_args()
+
+    print(f"Grading a class of {args.students} copies of solutions/, {args.jobs} at a time")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs")
+    print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with tempfile.TemporaryDirectory(prefix="ag-class-") as temp:
+        folder = make_class(Path(temp) / "class", args.students)
+        started = time.perf_counter()
+        reports = grade_class(folder, jobs=args.jobs, timeout=args.timeout, csv_path=Path(temp) / "gradebook.csv",
+                              json_dir=Path(temp) / "results")
+        seconds = time.perf_counter() - started
+
+    per_student = seconds / args.students
+    class_seconds = per_student * CLASS
+    plural = "s" if args.students > 1 else ""
+    scaled = "" if args.students == CLASS else f", scaled linearly from {args.students} student{plural}"
+    print(f"\n{seconds:.1f} s in all, {per_student:.2f} s per student ({args.jobs} at a time)")
+    print(f"a class of {CLASS}: {class_seconds / 60:.1f} min{scaled}")
+    print(f"one student's grading, seconds by exercise: {time_by_exercise(reports)}")
+    missed = missed_marks(reports)
+    print("every student got full marks" if not missed else f"MISSED: {len(missed)} student(s) without full marks")
+    for line in missed[:10]:
+        print(f"  {line}")
+    verdict = "met" if class_seconds <= GOAL_SECONDS else "missed"
+    print(f"goal: a class of {CLASS} on this machine in at most {GOAL_SECONDS // 60} minutes: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
