@@ -97,6 +97,8 @@ def _grade(args: argparse.Namespace) -> int:
               "class folder (one subfolder per student), use --json", file=sys.stderr)
         return 2
     with batch.prepared(args.submission) as (folder, notes):
+        if args.json:
+            Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
         hide = [Path(args.json).resolve().parent] if args.json else []  # student code never sees results
         report = course.grade(folder, args.tests, timeout=args.timeout, hide=hide)
     for note in notes:

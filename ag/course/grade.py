@@ -8,6 +8,7 @@ the judge's results after the judge and every worker are gone.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from .exercises import EXERCISES, REPO
 
+ISOLATION_REDUCED = ("ag grade: isolation is reduced: not running as root, so student code runs as you, "
+                     "with your network and files (in a separate process whose output decides nothing)")
 VISIBILITIES = ["hidden", "after_due_date", "after_published", "visible"]
 MAX_OUTPUT = 12_000
 
@@ -121,6 +124,8 @@ def grade(submission: Path | str, tests: Path | str | None = None, *, timeout: f
         raise FileNotFoundError(f"grade: the submission {submission} is not a folder")
     if not tests.is_dir():
         raise FileNotFoundError(f"grade: the graded tests folder {tests} does not exist")
+    if os.geteuid() != 0:
+        print(ISOLATION_REDUCED, file=sys.stderr)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ag-grade-") as scratch:
         out = Path(scratch) / "results.json"

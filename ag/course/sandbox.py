@@ -5,7 +5,7 @@ As root (Gradescope, CI), a worker runs under ``unshare --mount --net --pid --fo
 its own mount namespace, in which ``launcher`` makes every mount read-only, gives it a small
 private /tmp, hides the graded tests, ag's own source and the results, then drops to an
 unprivileged user with rlimits. Run as a normal user (a student checking themselves), the same
-process split runs without those privilege steps, and ``ISOLATION_REDUCED`` says so once.
+process split runs without those privilege steps, and ``grade`` says so in one line.
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from .exercises import EXERCISES, PACKAGE, REPO
 LAUNCHER = Path(__file__).with_name("launcher.py")
 MAX_SUBMITTED_FILE = 2 * 2**20
 ADDRESS_SPACE = 3 * 2**30
-ISOLATION_REDUCED = ("ag grade: isolation is reduced: not running as root, so student code runs as you, "
-                     "with your network and files (in a separate process that decides nothing)")
 SCRATCH_MOUNTS = (("/tmp", "size=256m,mode=1777"), ("/var/tmp", "size=16m,mode=1777"),
                   ("/dev/shm", "size=16m,mode=1777"))
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
