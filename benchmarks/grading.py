@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag.course import EXERCISES, REPO  # noqa: E402
-from ag.course.batch import exercise_of, grade_class  # noqa: E402
+from ag.course.batch import grade_class  # noqa: E402
 
 CLASS = 300
 GOAL_SECONDS = 15 * 60
@@ -62,9 +62,8 @@ def time_by_exercise(reports) -> str:
     seconds = {e.module_name: 0.0 for e in EXERCISES}
     for report in reports.values():
         for test in report.tests:
-            exercise = exercise_of(test.name)
-            if exercise is not None:
-                seconds[exercise.module_name] += test.seconds / len(reports)
+            if test.exercise in seconds:
+                seconds[test.exercise] += test.seconds / len(reports)
     rest = statistics.fmean(r.seconds for r in reports.values()) - sum(seconds.values())
     return ", ".join(f"{name.split('_')[0]} {s:.2f}" for name, s in seconds.items()) + f", the rest {rest:.2f}"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import csv
-import inspect
 import json
 import os
 import queue
@@ -23,8 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
-from .exercises import EXERCISES, Exercise
-from .grade import Report, TestResult, grade
+from .exercises import EXERCISES
+from .grade import Judge, Report, TestResult
 
 # IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
 MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
@@ -190,66 +189,47 @@ def student_folders(folder: Path | str) -> dict[str, Path]:
 
 
 def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: list[Path]):
-    """(student, report, error) as each student's grading finishes; each thread keeps one slot."""
+    """(student, report, error) as each student's grading finishes; each thread keeps one slot and
+    one judge process, which grades its students one after another."""
     jobs = max(1, min(jobs, len(students) or 1))
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(jobs):
         slots.put(slot)
     local = threading.local()
-
-    def init() -> None:
-        local.slot = slots.get()
+    judges: list[Judge] = []
 
     def work(student: str) -> tuple[str, Report, str]:
-        return (student, *_grade_student(students[student], tests, timeout, local.slot, hide))
+        if not hasattr(local, "slot"):
+            local.slot = slots.get()
+        if getattr(local, "judge", None) is None:
+            local.judge = Judge(tests, timeout=timeout, slot=local.slot, hide=hide)
+            judges.append(local.judge)
+        report, error = _grade_student(local.judge, students[student])
+        if error.startswith("grading failed"):  # the judge may be gone: the next student gets a new one
+            local.judge = None
+        return student, report, error
 
-    pool = ThreadPoolExecutor(max_workers=jobs, initializer=init, thread_name_prefix="ag-grade")
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ag-grade")
     try:
         for future in as_completed([pool.submit(work, s) for s in students]):
             yield future.result()
     finally:
         pool.shutdown(cancel_futures=True)  # after Ctrl-C, the students not started yet are not graded
+        for judge in judges:
+            judge.close()
 
 
-def _grade_student(folder: Path, tests, timeout: float, slot: int, hide: list[Path]) -> tuple[Report, str]:
+def _grade_student(judge: Judge, folder: Path) -> tuple[Report, str]:
     """The student's report and a one-line error ("" when grading went through)."""
     try:
         with prepared(folder) as (submission, notes):
-            report = grade(submission, tests, timeout=timeout, **_optional_arguments(slot, hide))
+            report = judge.grade(submission)
         return report, "; ".join(notes)
     except Exception as error:  # one student's failure never stops the class
         text = f"grading failed: {type(error).__name__}: {error}"
         line = " ".join(text.split())
         return Report(tests=[TestResult(name="grading", max_score=0.0, score=0.0, status="failed",
                                         output=text[:MAX_ERROR])]), line[:MAX_ERROR_LINE]
-
-
-def _optional_arguments(slot: int, hide: list[Path]) -> dict:
-    """What ``grade`` takes of: ``slot``, the sandbox user of this thread, and ``hide``, the gradebook
-    and the results folder, which no student's code may see."""
-    accepted = inspect.signature(grade).parameters
-    wanted = {"slot": slot, "hide": hide}
-    return {name: value for name, value in wanted.items() if name in accepted}
-
-
-def exercise_of(test_name: str) -> Exercise | None:
-    """The exercise a graded test belongs to, from its file stem, the part of its name before ': '."""
-    stem = test_name.split(": ", 1)[0]
-    for exercise in EXERCISES:
-        if exercise.module_name in stem:
-            return exercise
-    number = re.search(r"ex(\d+)(?!\d)", stem)  # hidden tests: "test_hidden_ex3"
-    return next((e for e in EXERCISES if number and e.number == int(number.group(1))), None)
-
-
-def points_by_exercise(report: Report) -> dict[str, float]:
-    """Points scored per exercise module name, hidden tests included."""
-    points = {e.module_name: 0.0 for e in EXERCISES}
-    for test in report.tests:
-        exercise = exercise_of(test.name)
-        if exercise is not None:
-            points[exercise.module_name] += test.score
-    return points
 
 
 def write_gradebook(path: Path | str, reports: dict[str, Report], errors: dict[str, str]) -> Path:
@@ -263,7 +243,7 @@ def write_gradebook(path: Path | str, reports: dict[str, Report], errors: dict[s
             writer = csv.writer(out)
             writer.writerow(header)
             for student, report in reports.items():
-                points = points_by_exercise(report).values()
+                points = report.by_exercise().values()
                 writer.writerow([student, *(f"{p:g}" for p in points), f"{report.score:g}", f"{max_total:g}",
                                  errors.get(student, "")])
         os.chmod(temp, 0o644)

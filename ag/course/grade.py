@@ -54,10 +54,11 @@ class Report:
         return sum(t.max_score for t in self.tests)
 
     def by_exercise(self) -> dict[str, float]:
-        """Points scored per exercise (hidden tests included), in the exercises' order."""
-        scores = {e.module_name: 0.0 for e in EXERCISES if any(t.exercise == e.module_name for t in self.tests)}
+        """Points scored in each exercise (hidden tests included), every exercise listed, in order."""
+        scores = {e.module_name: 0.0 for e in EXERCISES}
         for t in self.tests:
-            scores[t.exercise] = scores.get(t.exercise, 0.0) + t.score
+            if t.exercise in scores:
+                scores[t.exercise] += t.score
         return scores
 
     def gradescope(self) -> dict:
@@ -118,23 +119,67 @@ def grade(submission: Path | str, tests: Path | str | None = None, *, timeout: f
     user a parallel job uses; ``hide``: more paths the workers must not see (the results'
     folder, the gradebook). Raises RuntimeError if the judge itself fails: no grade then.
     """
-    tests = Path(tests) if tests else REPO / "tests" / "grading"
-    submission = Path(submission).resolve()
-    if not submission.is_dir():
-        raise FileNotFoundError(f"grade: the submission {submission} is not a folder")
-    if not tests.is_dir():
-        raise FileNotFoundError(f"grade: the graded tests folder {tests} does not exist")
-    if os.geteuid() != 0:
-        print(ISOLATION_REDUCED, file=sys.stderr)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ag-grade-") as scratch:
-        out = Path(scratch) / "results.json"
-        command = [sys.executable, "-m", "ag.course.judge", "--submission", str(submission),
-                   "--tests", str(tests.resolve()), "--timeout", str(timeout), "--slot", str(slot),
-                   "--out", str(out), *[a for path in hide for a in ("--hide", str(path))]]
-        judge = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if judge.returncode != 0 or not out.exists():
-            raise RuntimeError(f"grade: the judge failed (exit code {judge.returncode}):\n"
-                               f"{judge.stdout[-3000:]}{judge.stderr[-3000:]}")
+    with Judge(tests, timeout=timeout, slot=slot, hide=hide) as judge:
+        return judge.grade(submission)
+
+
+class Judge:
+    """A judge process (``python -m ag.course.judge``) that grades one submission after another.
+
+    A class is graded with one per parallel job: the judge imports pytest, NumPy and the graded
+    tests once. Each submission still gets a fresh pytest session and fresh workers.
+    """
+
+    def __init__(self, tests: Path | str | None = None, *, timeout: float = 60.0, slot: int = 0, hide=()) -> None:
+        self.tests = Path(tests) if tests else REPO / "tests" / "grading"
+        if not self.tests.is_dir():
+            raise FileNotFoundError(f"grade: the graded tests folder {self.tests} does not exist")
+        if os.geteuid() != 0:
+            print(ISOLATION_REDUCED, file=sys.stderr)
+        self.scratch = tempfile.TemporaryDirectory(prefix="ag-grade-")
+        self.log = open(Path(self.scratch.name) / "judge.log", "w+")
+        command = [sys.executable, "-m", "ag.course.judge", "--tests", str(self.tests.resolve()),
+                   "--timeout", str(timeout), "--slot", str(slot), *[a for p in hide for a in ("--hide", str(p))]]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log, text=True)
+
+    def grade(self, submission: Path | str) -> Report:
+        submission = Path(submission).resolve()
+        if not submission.is_dir():
+            raise FileNotFoundError(f"grade: the submission {submission} is not a folder")
+        started = time.perf_counter()
+        out = Path(self.scratch.name) / "results.json"
+        out.unlink(missing_ok=True)
+        try:
+            self.process.stdin.write(json.dumps({"submission": str(submission), "out": str(out)}) + "\n")
+            self.process.stdin.flush()
+            reply = json.loads(self.process.stdout.readline() or "{}")
+        except (OSError, ValueError) as error:
+            reply = {"error": f"no reply from the judge ({error})"}
+        if reply.get("ok") is not True or not out.exists():
+            raise RuntimeError(f"grade: {reply.get('error', 'the judge ended')}:\n{self._log_tail()}")
         results = json.loads(out.read_text())
-    return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started)
+        return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started)
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self.log.close()
+        self.scratch.cleanup()
+
+    def __enter__(self) -> "Judge":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

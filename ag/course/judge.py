@@ -184,36 +184,48 @@ def _clip(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Grade the submissions named on stdin, one JSON request per line ({"submission", "out"}),
+    each in a fresh pytest session; answer each with one JSON line on stdout. pytest, NumPy and
+    the graded tests are imported once, however many students a class has."""
     parser = argparse.ArgumentParser(prog="python -m ag.course.judge", description=__doc__.splitlines()[0])
-    parser.add_argument("--submission", required=True)
     parser.add_argument("--tests", required=True)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--hide", action="append", default=[])
-    parser.add_argument("--out", required=True, help="where to write the tests' results (JSON)")
     parser.add_argument("-k", dest="select", help="only the tests whose names match (pytest's -k)")
     args = parser.parse_args(argv)
-    from ag.course import judge as plugin  # run as __main__, this file is a second module: use pytest's
+    replies = sys.stdout
+    sys.stdout = sys.stderr  # pytest's report is a log; stdout carries only the replies
     with tempfile.TemporaryDirectory(prefix="ag-judge-") as scratch:
         ini = Path(scratch) / "pytest.ini"
         ini.write_text("[pytest]\n")  # the graded tests run under no one else's configuration
-        options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
-                   "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-W", "ignore",
-                   "--ag-submission", args.submission, "--ag-timeout", str(args.timeout),
-                   "--ag-slot", str(args.slot)]
-        for path in args.hide:
-            options += ["--ag-hide", path]
-        if args.select:
-            options += ["-k", args.select]
-        code = pytest.main(options)
-    judge = plugin._judge
-    if judge is None or code not in (0, 1):
-        print(f"ag grade: the judge stopped (pytest exit code {code})", file=sys.stderr)
-        return 3
-    judge.close()  # every worker is gone before anything is written
-    ordered = [judge.results[nodeid] for nodeid in judge.order if nodeid in judge.results]
-    Path(args.out).write_text(json.dumps(ordered))
+        for line in sys.stdin:
+            request = json.loads(line)
+            reply = _grade_one(args, ini, request["submission"], Path(request["out"]))
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
     return 0
+
+
+def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
+    from ag.course import judge as plugin  # run as __main__, this file is a second module: use pytest's
+    options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
+               "no:cacheprovider", "--assert=plain", "-q", "--no-header", "--tb=short", "-W", "ignore",
+               "--ag-submission", submission, "--ag-timeout", str(args.timeout), "--ag-slot", str(args.slot)]
+    for path in args.hide:
+        options += ["--ag-hide", path]
+    if args.select:
+        options += ["-k", args.select]
+    plugin._judge = None
+    code = pytest.main(options)
+    judge = plugin._judge
+    if judge is not None:
+        judge.close()  # every worker is gone before anything is written
+    if judge is None or code not in (0, 1):
+        return {"error": f"the judge stopped (pytest exit code {code}); see its log above"}
+    ordered = [judge.results[nodeid] for nodeid in judge.order if nodeid in judge.results]
+    out.write_text(json.dumps(ordered))
+    return {"ok": True}
 
 
 if __name__ == "__main__":
