@@ -1,6 +1,7 @@
 """The student release (nbgrader's split): generated from the marked source, no solution travels."""
 import ast
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -211,3 +212,33 @@ def test_from_the_release_an_untouched_exercise_stops_at_a_stub(exercise, releas
     result = run_from_release(release, release / "exercises" / exercise.filename)
     assert result.returncode != 0
     assert result.stderr.strip().endswith("NotImplementedError"), result.stderr
+
+
+def grade_from_release(release: Path, folder: Path) -> dict:
+    """`ag grade` run as a student runs it, from the release: its ag, its public graded tests."""
+    env = {**os.environ, "PYTHONPATH": str(release)}
+    out = folder.parent / f"{folder.name}.json"
+    result = subprocess.run([sys.executable, "-m", "ag", "grade", str(folder), "--tests",
+                             str(release / "tests" / "grading"), "--json", str(out)],
+                            capture_output=True, text=True, env=env, cwd=release, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_student_grades_the_solved_exercises_from_the_release_with_full_marks(release, tmp_path):
+    results = grade_from_release(release, solved_folder(tmp_path, [e.number for e in course.EXERCISES]))
+    assert results["score"] == results["max_score"] > 0
+    assert all(t["visibility"] == "visible" for t in results["tests"])  # the hidden tests stayed home
+    assert {t["name"].split(":")[0] for t in results["tests"]} == {e.module_name for e in course.EXERCISES}
+
+
+def test_from_the_release_a_solved_exercise_scores_and_the_untouched_ones_do_not(release, tmp_path):
+    folder = tmp_path / "half"
+    shutil.copytree(release / "exercises", folder)
+    for number in (1, 2, 6):  # exercise 2 runs on the student's own exercise 1
+        exercise = next(e for e in course.EXERCISES if e.number == number)
+        shutil.copy(REPO / "solutions" / exercise.filename, folder / exercise.filename)
+    results = grade_from_release(release, folder)
+    for test in results["tests"]:
+        solved = test["name"].split("_")[0] in ("ex1", "ex2", "ex6")
+        assert test["status"] == ("passed" if solved else "failed"), test

@@ -146,11 +146,13 @@ def package_files(stub: Iterable[int]) -> dict[str, bytes]:
     the stub and every other region's markers dropped, plus ag/_stubbed.py naming ``stub``.
 
     The release stubs every exercise; the grader's worker for exercise N imports the files of
-    ``package_files({N})``, so that N runs the student's code and the rest the solutions.
+    ``package_files({N})``, so that N runs the student's code and the rest the solutions. From a
+    release (a student checking themselves) nothing is left to cut: the files stay as they are and
+    every exercise is a stub, so the worker installs the student's own files for the others.
     """
     stub = frozenset(stub)
     _check_numbers(stub)
-    _check_source_version()
+    stub |= stubbed()
     files = {}
     for source in _package_sources(PACKAGE):
         data = source.data
@@ -170,12 +172,6 @@ def _check_numbers(stub: frozenset[int]) -> None:
     if unknown:
         raise ValueError(f"package_files: no exercise {sorted(unknown)}; the exercises are "
                          f"{[e.number for e in EXERCISES]}")
-
-
-def _check_source_version() -> None:
-    if stubbed():
-        raise ValueError(f"package_files needs the instructor's source version of ag (with the solutions); "
-                         f"the ag at {PACKAGE} is a release in which exercises {sorted(stubbed())} are stubs")
 
 
 class _Region(NamedTuple):
