@@ -96,11 +96,15 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"ag grade: {args.submission} holds one student's exercise files; --csv and --json-dir are for a "
               "class folder (one subfolder per student), use --json", file=sys.stderr)
         return 2
-    with batch.prepared(args.submission) as (folder, notes):
-        if args.json:
-            Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
-        hide = [Path(args.json).resolve().parent] if args.json else []  # student code never sees results
-        report = course.grade(folder, args.tests, timeout=args.timeout, hide=hide)
+    try:
+        with batch.prepared(args.submission) as (folder, notes):
+            if args.json:
+                Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
+            hide = [Path(args.json).resolve().parent] if args.json else []  # student code never sees results
+            report = course.grade(folder, args.tests, timeout=args.timeout, hide=hide)
+    except RuntimeError as error:  # the judge itself failed: no grade, no results file
+        print(f"ag grade: no grade: {error}", file=sys.stderr)
+        return 3
     for note in notes:
         print(f"skipped: {note}", file=sys.stderr)
     for t in report.tests:

@@ -1,5 +1,6 @@
 """The course kit: generated exercises, the grader, and the Gradescope bundle."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,17 @@ def test_assign_check_fails_when_an_exercise_was_edited_by_hand(tmp_path):
     course.assign(tmp_path)
     (tmp_path / "exercises" / course.EXERCISES[0].filename).write_text("# edited\n")
     assert course.assign(tmp_path, check=True) == [tmp_path / "exercises" / course.EXERCISES[0].filename]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the namespace check runs only when grading as root")
+def test_as_root_without_namespaces_nothing_is_graded_and_no_results_are_written(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (fake / "unshare").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-m", "ag", "grade", "solutions", "--json", str(tmp_path / "r.json")],
+                            capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert result.returncode == 3
+    assert "cannot make the worker's namespaces" in result.stderr and "Operation not permitted" in result.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -78,9 +78,9 @@ class Judge:
             self.worker.close()
             self.worker = None
         if self.worker is None:
-            worker = Worker(exercise, self.submission, self.tests, timeout=self.timeout, slot=self.slot,
-                            probes=self.probes_per_exercise.get(exercise.number, 1), hide=self.hide)
             try:
+                worker = Worker(exercise, self.submission, self.tests, timeout=self.timeout, slot=self.slot,
+                                probes=self.probes_per_exercise.get(exercise.number, 1), hide=self.hide)
                 worker.start()
             except StudentError as error:
                 self.broken[exercise.number] = str(error)

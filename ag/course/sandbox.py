@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import os
 import pwd
 import re
@@ -43,13 +44,24 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be built: no grade can be trusted, so grading stops."""
 
 
+UNSHARE = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+
+@functools.lru_cache(maxsize=None)
 def isolating() -> bool:
-    """Full isolation needs root and util-linux's unshare; a normal user gets the process split."""
+    """Full isolation as root, the process split only as a normal user. As root, the namespaces
+    must work (a container whose seccomp forbids them does not): else no student code runs."""
     if os.geteuid() != 0:
         return False
     if shutil.which("unshare") is None:
         raise SandboxError("ag grade runs as root but finds no `unshare` (util-linux): it will not run "
                            "student code without isolation; install util-linux")
+    tried = subprocess.run([*UNSHARE, "--", "true"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        raise SandboxError("ag grade runs as root but cannot make the worker's namespaces here "
+                           f"({tried.stderr.strip() or tried.returncode}): it will not run student code "
+                           "without isolation; give the container CAP_SYS_ADMIN, or grade as a normal user "
+                           "(isolation reduced)")
     return True
 
 
@@ -193,8 +205,7 @@ class Worker:
         judge_end, worker_end = socket.socketpair()
         command = [sys.executable, "-I", "-S", str(LAUNCHER), str(worker_end.fileno())]
         if self.isolate:
-            command = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
-                       *command]
+            command = [*UNSHARE, "--", *command]
         self.proc = subprocess.Popen(command, pass_fds=[worker_end.fileno()], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
                                      start_new_session=True)
