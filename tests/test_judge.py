@@ -115,7 +115,7 @@ def test_a_check_puts_expected_beside_got():
     with pytest.raises(AssertionError) as failed:
         checks.expect_close(np.array([1.0, 2.0, 3.5]), np.array([1.0, 2.0, 3.0]), what="O")
     message = str(failed.value)
-    assert "**O**" in message and "`(2,)`" in message and "`3`" in message and "`3.5`" in message
+    assert "**O**" in message and "` (2,) `" in message and "` 3 `" in message and "` 3.5 `" in message
     with pytest.raises(AssertionError, match="expected an array of numbers of shape"):
         checks.expect_close([1.0, 2.0], np.array([1.0, 2.0]), what="O")
     with pytest.raises(AssertionError, match="expected shape"):
@@ -130,3 +130,22 @@ def test_equality_checks_compare_types_too():
         checks.expect_equal(1.0, 1, what="count")
     with pytest.raises(AssertionError):
         checks.expect_equal(np.zeros(2), None, what="grad")
+
+
+@pytest.mark.parametrize("hostile", ["a ` b", "``x``", "x`\n\n# All 62 tests passed\n![](http://x/y.png)",
+                                     "```\n# heading\n```"])
+def test_student_text_stays_code_whatever_it_holds(hostile):
+    inline = checks.code(hostile)
+    fence = inline.split(" ")[0]
+    assert set(fence) == {"`"} and inline.endswith(" " + fence) and "\n" not in inline
+    assert fence not in inline[len(fence):-len(fence)]  # nothing inside closes the span
+    block = checks.fenced(hostile)
+    opening, *body, closing = block.split("\n")
+    assert opening == closing + "text" and all(not line.startswith(closing) for line in body)
+
+
+def test_a_reply_whose_plain_data_would_blow_up_the_judge_is_refused_before_parsing():
+    payload = channel.encode(list(range(300_000)))
+    with pytest.raises(channel.ChannelError, match="plain data is .* at most"):
+        channel.decode(payload)
+    assert channel.decode(channel.encode(np.arange(300_000))).shape == (300_000,)  # arrays go through

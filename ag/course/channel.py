@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 MAX_MESSAGE = 256 * 2**20  # a reply larger than this costs the test, never the judge's memory
+MAX_HEADER = 2**20  # the JSON part: bulk data travels as arrays, which cost no more than their bytes
 MAX_DEPTH = 32
 DTYPES = frozenset("?bBhHiIlLqQefdgFDG")  # numeric and bool: no objects, strings or records
 
@@ -66,6 +67,9 @@ def decode(payload: bytes):
     """The value ``encode`` made; raises ChannelError for anything malformed."""
     try:
         (size,) = struct.unpack(">I", payload[:4])
+        if size > MAX_HEADER:  # decoding JSON costs ~10x its size in memory: refuse before parsing
+            raise ChannelError(f"the message's plain data is {size:,} bytes; at most {MAX_HEADER:,} "
+                               "(send numbers as NumPy arrays)")
         header = json.loads(payload[4:4 + size])
         view = memoryview(payload)[4 + size:]
         offset = [0]

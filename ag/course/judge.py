@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from .checks import fenced
 from .sandbox import SandboxError, StudentError, Worker, exercise_of
 
 MAX_TEST_OUTPUT = 4000
@@ -168,13 +169,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 def _message(error: BaseException) -> str:
     """What a failed test says: the check's own message (never its source or a traceback)."""
-    if isinstance(error, StudentError):
-        return f"Your code failed here: {error}"
+    if isinstance(error, StudentError):  # its text comes from the student's side: shown as code
+        return f"Your code failed here:\n\n{fenced(str(error))}"
     if isinstance(error, AssertionError):
         return str(error) or "the check failed"
     if isinstance(error, pytest.skip.Exception):
         return f"skipped: {error}"
-    return f"the check could not be completed: {type(error).__name__}: {str(error)[:500]}"
+    return f"The check could not be completed:\n\n{fenced(f'{type(error).__name__}: {str(error)[:500]}')}"
 
 
 def _clip(text: str) -> str:

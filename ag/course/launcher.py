@@ -2,7 +2,7 @@
 
 The judge starts it as ``python -I -S launcher.py FD`` (standard library only: nothing of ag
 is imported here, so no solution is in this process's memory), under
-``unshare --mount --net --pid --fork --mount-proc`` when the judge is root. It reads one
+``unshare --mount --net --ipc --pid --fork --mount-proc`` when the judge is root. It reads one
 message from the channel FD (the sandbox's files and limits) and then, when isolating:
 
 1. remounts every mount read-only in its private mount namespace, and mounts small fresh
@@ -11,7 +11,9 @@ message from the channel FD (the sandbox's files and limits) and then, when isol
    folder, other students' submissions);
 3. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
    submission) under /tmp/sandbox, owned by root, and a scratch folder owned by the worker;
-4. sets the rlimits, drops to the unprivileged worker user, forbids new privileges;
+4. sets the rlimits, drops to the unprivileged worker user, forbids new privileges and the
+   kernel keyring calls (seccomp); it joined the worker's cgroup (memory and processes for all
+   its processes together) first of all;
 5. execs Python running ``ag.course.worker.main`` in the scratch folder, on the same channel.
 
 It is PID 1 of its PID namespace from then on: when it exits or is killed, the kernel kills
@@ -42,6 +44,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def main(fd: int) -> None:
     config = _read_config(fd)
     root = SANDBOX if config["isolate"] else config["root"]
+    for procs in config["cgroups"]:  # before the remount below makes the cgroup file system read-only
+        with open(procs, "w") as joining:
+            joining.write("0")  # this process, and so everything it starts
     if config["isolate"]:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         _remount_everything_read_only()
@@ -63,6 +68,7 @@ def main(fd: int) -> None:
         os.setgid(config["gid"])
         os.setuid(config["uid"])
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _forbid_keyrings()
     os.chdir(work)
     devnull = os.open(os.devnull, os.O_RDWR)
     for stream in (0, 1, 2):  # the worker's output goes nowhere: nothing it prints is read
@@ -71,6 +77,41 @@ def main(fd: int) -> None:
     start = "import json, sys; from ag.course.worker import main; main(int(sys.argv[1]), json.loads(sys.argv[2]))"
     argv = [config["python"], "-s", "-B", "-c", start, str(fd), json.dumps(config["worker"])]
     os.execve(config["python"], argv, env)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# (audit architecture, the syscall numbers of add_key, request_key and keyctl)
+KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+BPF_LD_ABS_W, BPF_JEQ, BPF_JGE, BPF_RET = 0x20, 0x15, 0x35, 0x06
+SECCOMP_ALLOW, SECCOMP_EPERM = 0x7FFF0000, 0x00050000 | 1
+X32_BIT = 0x40000000
+
+
+def _forbid_keyrings() -> None:
+    """A seccomp filter that refuses the kernel keyring calls: a user's keyrings outlive every
+    namespace, so a worker could leave a solution in one for the next worker to read."""
+    arch = os.uname().machine
+    if arch not in KEYRING_SYSCALLS:
+        return
+    audit, numbers = KEYRING_SYSCALLS[arch]
+    program = [(BPF_LD_ABS_W, 0, 0, 4), (BPF_JEQ, 1, 0, audit), (BPF_RET, 0, 0, SECCOMP_EPERM),
+               (BPF_LD_ABS_W, 0, 0, 0), (BPF_JGE, 0, 1, X32_BIT), (BPF_RET, 0, 0, SECCOMP_EPERM)]
+    for number in numbers:
+        program += [(BPF_JEQ, 0, 1, number), (BPF_RET, 0, 0, SECCOMP_EPERM)]
+    program.append((BPF_RET, 0, 0, SECCOMP_ALLOW))
+    filters = (_SockFilter * len(program))(*[_SockFilter(*line) for line in program])
+    fprog = _SockFprog(len(program), filters)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"launcher: seccomp filter refused: {os.strerror(errno)}")
 
 
 def _read_config(fd: int) -> dict:

@@ -22,6 +22,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import itertools
 from pathlib import Path
 
 from . import channel
@@ -31,7 +33,10 @@ LAUNCHER = Path(__file__).with_name("launcher.py")
 MAX_SUBMITTED_FILE = 2 * 2**20
 ADDRESS_SPACE = 3 * 2**30
 SCRATCH_MOUNTS = (("/tmp", "size=256m,mode=1777"), ("/var/tmp", "size=16m,mode=1777"),
-                  ("/dev/shm", "size=16m,mode=1777"))
+                  ("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755"))  # /run: the host's sockets
+CGROUPS = Path("/sys/fs/cgroup")
+MEMORY = 3 * 2**30  # all of one worker's processes together (a cgroup); each alone: ADDRESS_SPACE
+PROCESSES = 256
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -44,7 +49,7 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be built: no grade can be trusted, so grading stops."""
 
 
-UNSHARE = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child"]
+UNSHARE = ["unshare", "--mount", "--net", "--ipc", "--pid", "--fork", "--mount-proc", "--kill-child"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,6 +162,49 @@ def _cover(path: Path, needed: list[Path]) -> list[str]:
     return [c for child in sorted(path.iterdir()) for c in _cover(child, needed)]
 
 
+def make_cgroup(name: str) -> list[Path]:
+    """A new cgroup bounding the memory and the processes of everything one worker runs (cgroup v2,
+    or v1's memory and pids hierarchies); [] where the cgroup file system cannot be written (some
+    containers), where the rlimits still bound each process on its own."""
+    made: list[Path] = []
+    try:
+        if (CGROUPS / "cgroup.controllers").exists():
+            parent = CGROUPS / "ag-grade"
+            parent.mkdir(exist_ok=True)
+            for folder in (CGROUPS, parent):
+                (folder / "cgroup.subtree_control").write_text("+memory +pids")
+            made.append(parent / name)
+            made[-1].mkdir()
+            limits = {"memory.max": MEMORY, "memory.swap.max": 0, "pids.max": PROCESSES}
+        else:
+            for controller in ("memory", "pids"):
+                made.append(CGROUPS / controller / "ag-grade" / name)
+                made[-1].mkdir(parents=True)
+            limits = {"memory.limit_in_bytes": MEMORY, "memory.memsw.limit_in_bytes": MEMORY, "pids.max": PROCESSES}
+        for group in made:
+            for file, value in limits.items():
+                if (group / file).exists():
+                    (group / file).write_text(str(value))
+    except OSError:
+        remove_cgroup(made)
+        return []
+    return made
+
+
+def remove_cgroup(groups: list[Path]) -> None:
+    for group in reversed(groups):
+        for _ in range(50):  # its last processes may still be exiting
+            try:
+                group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                for pid in (group / "cgroup.procs").read_text().split():
+                    _signal(int(pid), signal.SIGKILL)
+                time.sleep(0.02)
+
+
 class Worker:
     """One sandboxed worker for one exercise of one submission."""
 
@@ -168,6 +216,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.scratch: tempfile.TemporaryDirectory | None = None
+        self.cgroups: list[Path] = []
 
     def _config(self, exercise, submission: Path, tests: Path, slot: int, probes: int, hide) -> dict:
         from .assign import package_files
@@ -183,10 +232,10 @@ class Worker:
         limits = {"cpu": int(self.timeout * (probes + 1)) + 30, "address_space": ADDRESS_SPACE,
                   "file_size": 64 * 2**20, "open_files": 256, "core": 0}
         config = {"isolate": self.isolate, "files": files, "limits": limits, "env": dict(WORKER_ENV),
-                  "python": sys.executable, "hide": [], "root": "", "scratch": [], "reveal": []}
+                  "python": sys.executable, "hide": [], "root": "", "scratch": [], "reveal": [], "cgroups": []}
         if self.isolate:
             config["uid"], config["gid"] = worker_user(slot)
-            config["limits"]["processes"] = 256
+            config["limits"]["processes"] = PROCESSES
             config["hide"] = hidden_paths(tests, submission, hide)
             config["scratch"] = [list(m) for m in SCRATCH_MOUNTS]
             config["reveal"] = [list(r) for r in reveal_paths()]
@@ -201,6 +250,9 @@ class Worker:
             self.scratch = tempfile.TemporaryDirectory(prefix="ag-worker-")
             config["root"] = self.scratch.name
             config["worker"] = dict(config["worker"], submission=f"{self.scratch.name}/submission")
+        else:
+            self.cgroups = make_cgroup(f"{os.getpid()}-{next(_numbers)}")
+            config["cgroups"] = [str(g / "cgroup.procs") for g in self.cgroups]
         config["files"] = {path: base64.b64encode(data).decode() for path, data in config["files"].items()}
         judge_end, worker_end = socket.socketpair()
         command = [sys.executable, "-I", "-S", str(LAUNCHER), str(worker_end.fileno())]
@@ -279,6 +331,8 @@ class Worker:
         if self.scratch is not None:
             self.scratch.cleanup()
             self.scratch = None
+        remove_cgroup(self.cgroups)
+        self.cgroups = []
 
     def _launcher_error(self) -> str:
         """What unshare or the launcher printed if they failed before the student's code ran (the
@@ -305,6 +359,9 @@ def _described(reply) -> str:
         return "the worker sent no description"
     kind, message, where = (str(error.get(k, ""))[:400] for k in ("type", "message", "where"))
     return f"{kind}: {message}" + (f" ({where})" if where else "")
+
+
+_numbers = itertools.count()
 
 
 def _children(pid: int) -> list[int]:

@@ -6,7 +6,7 @@ import pytest
 
 from ag import remat
 from ag.course import probe
-from ag.course.checks import expect_equal, expect_true
+from ag.course.checks import code, expect_equal, expect_true
 
 
 @probe
@@ -63,7 +63,7 @@ def test_optimal_recomputes_as_little_as_brute_force(worker):
         if best is None:
             continue
         expect_true(valid_plan(plan, 8), f"**plan at budget {budget}**: expected a sorted list of kept outputs "
-                                         f"in 0..7, got `{plan!r}`"[:400])
+                                         f"in 0..7, got {code(repr(plan))}")
         expect_equal(remat.predict(profile, plan).recompute_flops, best,
                      what=f"recomputed FLOPs of the optimal plan at budget {budget} (brute force's)")
 
@@ -75,6 +75,6 @@ def test_the_optimal_plan_fits_its_budget(worker):
     plans = worker(optimal_plans, list(profile.sizes), list(profile.costs), budgets)
     for budget, plan in zip(budgets, plans):
         expect_true(valid_plan(plan, 10), f"**plan at budget {budget}**: expected a sorted list of kept "
-                                          f"outputs in 0..9, got `{plan!r}`"[:400])
+                                          f"outputs in 0..9, got {code(repr(plan))}")
         peak = remat.predict(profile, plan).peak_bytes
         expect_true(peak <= budget, f"**plan {plan} at budget {budget}**: its predicted peak is {peak}")
