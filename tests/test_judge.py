@@ -1,10 +1,15 @@
 """The judge's parts: the data channel, probes cut from test files, the checks' messages."""
+import os
+import shutil
 import socket
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ag import course
 from ag.course import channel, checks, sandbox
 
 
@@ -149,3 +154,59 @@ def test_a_reply_whose_plain_data_would_blow_up_the_judge_is_refused_before_pars
     with pytest.raises(channel.ChannelError, match="plain data is .* at most"):
         channel.decode(payload)
     assert channel.decode(channel.encode(np.arange(300_000))).shape == (300_000,)  # arrays go through
+
+
+REPO = Path(__file__).resolve().parent.parent
+EX3 = next(e for e in course.EXERCISES if e.number == 3)
+
+
+@pytest.fixture
+def reduced(monkeypatch):
+    """The worker as a student's own `ag grade` runs it without root: no namespaces, no user switch."""
+    monkeypatch.setattr(sandbox, "isolating", lambda: False)
+
+
+def reduced_worker(submission, timeout=20):
+    worker = sandbox.Worker(EX3, submission, REPO / "tests" / "grading", timeout=timeout)
+    worker.start()
+    return worker
+
+
+def test_without_root_the_worker_still_runs_apart_and_returns_only_data(reduced, tmp_path):
+    shutil.copy(REPO / "solutions" / EX3.filename, tmp_path)
+    block = (np.ones((2, 1)), np.zeros((2, 1)), np.ones((2, 1)))
+    worker = reduced_worker(tmp_path)
+    try:
+        got = worker.call("test_ex3_online_softmax:merge", [block, block], {})
+        assert worker.proc.pid != os.getpid()
+    finally:
+        worker.close()
+    np.testing.assert_array_equal(got["o"], np.ones((2, 1)))
+    assert worker.proc is None and worker.scratch is None  # reaped, and its scratch folder is gone
+
+
+def test_without_root_an_exit_at_import_is_the_students_failure_not_a_pass(reduced, tmp_path):
+    source = (REPO / "solutions" / EX3.filename).read_text()
+    (tmp_path / EX3.filename).write_text(source.replace("from __future__ import annotations\n",
+                                                        "from __future__ import annotations\nimport os\nos._exit(0)\n"))
+    with pytest.raises(sandbox.StudentError, match="could not be loaded"):
+        reduced_worker(tmp_path)
+
+
+def test_without_root_processes_left_in_the_workers_group_are_killed(reduced, tmp_path):
+    token = f"ag-reduced-{os.getpid()}"
+    source = (REPO / "solutions" / EX3.filename).read_text()
+    spawn = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+             f"'{token}'])\n")
+    (tmp_path / EX3.filename).write_text(source + "\n" + spawn)
+    reduced_worker(tmp_path).close()
+    time.sleep(0.2)
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and token in _cmdline(p)]
+    assert alive == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
