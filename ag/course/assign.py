@@ -24,13 +24,11 @@ STUBBED_MODULE = "_stubbed"  # ag/_stubbed.py, written only into generated copie
 
 def _function_source(module: str, name: str) -> str:
     """The source of ``ag.<module>.<name>``, read from the file (decorators included)."""
-    path = PACKAGE / f"{module.replace('.', '/')}.py"  # "remat.plans" is ag/remat/plans.py
-    text = path.read_text()
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-            lines = text.splitlines()
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-            stop = node.end_lineno
+    text = (PACKAGE / f"{module.replace('.', '/')}.py").read_text()  # "remat.plans" is ag/remat/plans.py
+    lines = text.splitlines()
+    for found, start, last in _top_level_spans(text):
+        if found == name:
+            stop = last + 1
             while stop < len(lines) and lines[stop].strip() == END:  # a region closing the function
                 stop += 1
             return "\n".join(lines[start:stop]) + "\n"

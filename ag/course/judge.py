@@ -26,12 +26,13 @@ import pytest
 
 from .checks import fenced
 from .sandbox import SandboxError, StudentError, Worker, exercise_of
+from .worker import clip
 
 MAX_TEST_OUTPUT = 4000
 
 
-class Judge:
-    """What one grading run knows: the submission, the tests' metadata, the worker in use."""
+class Session:
+    """What one grading session (one submission) knows: the submission, the tests' metadata, the worker in use."""
 
     def __init__(self, submission: Path, tests: Path, timeout: float, slot: int, hide: list[str]) -> None:
         self.submission, self.tests, self.timeout, self.slot, self.hide = submission, tests, timeout, slot, hide
@@ -93,7 +94,7 @@ class Judge:
         meta = self.meta[nodeid]
         self.results[nodeid] = {
             "name": meta["name"], "max_score": meta["points"], "score": meta["points"] if passed else 0.0,
-            "status": "passed" if passed else "failed", "output": _clip(output),
+            "status": "passed" if passed else "failed", "output": clip(output, MAX_TEST_OUTPUT),
             "visibility": meta["visibility"], "seconds": round(seconds, 3)}
 
     def close(self) -> None:
@@ -102,7 +103,7 @@ class Judge:
             self.worker = None
 
 
-_judge: Judge | None = None
+_session: Session | None = None
 
 
 def pytest_addoption(parser) -> None:
@@ -114,32 +115,32 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
-    global _judge
+    global _session
     config.addinivalue_line("markers", "points(n): what the test is worth in a graded run")
     config.addinivalue_line("markers", "hidden: a test students do not see before grades are published")
     submission = config.getoption("--ag-submission")
     if submission:
-        _judge = Judge(Path(submission).resolve(), Path(str(config.args[0])).resolve(),
+        _session = Session(Path(submission).resolve(), Path(str(config.args[0])).resolve(),
                        config.getoption("--ag-timeout"), config.getoption("--ag-slot"),
                        config.getoption("--ag-hide"))
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    if _judge is not None:
-        _judge.collect(items)
+    if _session is not None:
+        _session.collect(items)
 
 
 @pytest.fixture
 def worker(request):
     """``worker(probe, *args, **kwargs)``: run ``probe`` in the sandbox on the student's exercise
     and these arguments (plain data and NumPy arrays), and return what it returned, as data."""
-    if _judge is None:
+    if _session is None:
         raise pytest.UsageError("graded tests run under `ag grade` (python -m ag.course.judge)")
-    exercise = _judge.meta[request.node.nodeid]["exercise"]
+    exercise = _session.meta[request.node.nodeid]["exercise"]
 
     def run(probe, *args, **kwargs):
         try:
-            return _judge.run_probe(exercise, probe, args, kwargs)
+            return _session.run_probe(exercise, probe, args, kwargs)
         except SandboxError as error:
             pytest.exit(f"ag grade: {error}", returncode=3)
     return run
@@ -153,18 +154,18 @@ _started = pytest.StashKey[float]()
 
 
 def pytest_runtest_makereport(item, call) -> None:
-    if _judge is None or item.nodeid not in _judge.meta:
+    if _session is None or item.nodeid not in _session.meta:
         return
     seconds = time.perf_counter() - item.stash.get(_started, time.perf_counter())
     if call.excinfo is not None and call.when in ("setup", "call"):
-        _judge.record(item.nodeid, False, _message(call.excinfo.value), seconds)
+        _session.record(item.nodeid, False, _message(call.excinfo.value), seconds)
     elif call.when == "call":
-        _judge.record(item.nodeid, True, "", seconds)
+        _session.record(item.nodeid, True, "", seconds)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    if _judge is not None:
-        _judge.close()
+    if _session is not None:
+        _session.close()
 
 
 def _message(error: BaseException) -> str:
@@ -176,12 +177,6 @@ def _message(error: BaseException) -> str:
     if isinstance(error, pytest.skip.Exception):
         return f"skipped: {error}"
     return f"The check could not be completed:\n\n{fenced(f'{type(error).__name__}: {str(error)[:500]}')}"
-
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_TEST_OUTPUT:
-        return text
-    return text[:MAX_TEST_OUTPUT] + f"\n\n... [{len(text) - MAX_TEST_OUTPUT:,} characters cut]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,14 +212,14 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
         options += ["--ag-hide", path]
     if args.select:
         options += ["-k", args.select]
-    plugin._judge = None
+    plugin._session = None
     code = pytest.main(options)
-    judge = plugin._judge
-    if judge is not None:
-        judge.close()  # every worker is gone before anything is written
-    if judge is None or code not in (0, 1):
+    session = plugin._session
+    if session is not None:
+        session.close()  # every worker is gone before anything is written
+    if session is None or code not in (0, 1):
         return {"error": f"the judge stopped (pytest exit code {code}); see its log above"}
-    ordered = [judge.results[nodeid] for nodeid in judge.order if nodeid in judge.results]
+    ordered = [session.results[nodeid] for nodeid in session.order if nodeid in session.results]
     out.write_text(json.dumps(ordered))
     return {"ok": True}
 

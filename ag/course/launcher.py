@@ -5,12 +5,14 @@ is imported here, so no solution is in this process's memory), under
 ``unshare --mount --net --ipc --pid --fork --mount-proc`` when the judge is root. It reads one
 message from the channel FD (the sandbox's files and limits) and then, when isolating:
 
-1. remounts every mount read-only in its private mount namespace, and mounts small fresh
-   tmpfs on /tmp, /var/tmp and /dev/shm: the worker can write nowhere else, and not much there;
-2. mounts an empty tmpfs over each hidden path (the graded tests, ag's source, the results'
-   folder, other students' submissions);
-3. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
-   submission) under /tmp/sandbox, owned by root, and a scratch folder owned by the worker;
+1. builds a new root in its private mount namespace from an allowlist: the system folders and
+   Python's, read-only at their own paths, with ag's own install covered; fresh /proc; small
+   fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker can write nowhere else, and
+   nothing else on the machine (the graded tests, ag's source, any other checkout, other
+   students, the results) exists for it;
+2. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
+   submission) under /tmp/sandbox, owned by root, and chroots into the new root;
+3. makes a scratch folder owned by the worker;
 4. sets the rlimits, drops to the unprivileged worker user, forbids new privileges and the
    kernel keyring calls (seccomp); it joined the worker's cgroup (memory and processes for all
    its processes together) first of all;
@@ -32,7 +34,6 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-MS_MOVE = 8192
 SANDBOX = "/tmp/sandbox"
 PR_SET_NO_NEW_PRIVS = 38
 LIMITS = {"cpu": resource.RLIMIT_CPU, "address_space": resource.RLIMIT_AS, "processes": resource.RLIMIT_NPROC,
@@ -49,14 +50,11 @@ def main(fd: int) -> None:
             joining.write("0")  # this process, and so everything it starts
     if config["isolate"]:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        _remount_everything_read_only()
-        for path, options in config["scratch"]:
-            if os.path.isdir(path):
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        _reveal(config["reveal"])
-        for path in config["hide"]:
-            _hide(path)
-    _write_files(root, config["files"])
+        new_root = _build_root(config)
+        _write_files(new_root + root, config["files"])
+        os.chroot(new_root)
+    else:
+        _write_files(root, config["files"])
     work = os.path.join(root, "work")
     os.makedirs(work, mode=0o700, exist_ok=True)
     if config["isolate"]:
@@ -75,7 +73,8 @@ def main(fd: int) -> None:
         os.dup2(devnull, stream)
     env = dict(config["env"], HOME=work, PYTHONPATH=os.path.join(root, "lib"), AG_SANDBOX=root)
     start = "import json, sys; from ag.course.worker import main; main(int(sys.argv[1]), json.loads(sys.argv[2]))"
-    argv = [config["python"], "-s", "-B", "-c", start, str(fd), json.dumps(config["worker"])]
+    worker = dict(config["worker"], submission=os.path.join(root, "submission"))
+    argv = [config["python"], "-s", "-B", "-c", start, str(fd), json.dumps(worker)]
     os.execve(config["python"], argv, env)
 
 
@@ -148,48 +147,42 @@ def _mount(source, target, fstype, flags, data=None) -> None:
         raise OSError(errno, f"launcher: mount on {target} failed: {os.strerror(errno)}")
 
 
-def _remount_everything_read_only() -> None:
-    """Every mount of this namespace, read-only from now on (a bind remount keeps its other flags)."""
-    for target, options in _mounts():
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        flags |= sum(bit for name, bit in KEPT_FLAGS.items() if name in options)
-        try:
-            _mount(None, target, None, flags)
-        except OSError:
-            if os.path.exists(target) and not _is_read_only(target):
-                raise  # fail closed: a mount we cannot make read-only stays writable
+def _build_root(config: dict) -> str:
+    """A new root holding only what the worker may see (an allowlist, not a list of hiding
+    places): the system folders and Python's, each bound read-only at its own path; fresh
+    /proc, /dev from the host (its device files), and small fresh tmpfs for /tmp, /var/tmp,
+    /dev/shm and /run. Everything else on the machine (the graded tests, ag's source, other
+    checkouts, other students, /home, /root) does not exist in it."""
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=700")  # hides the host's /tmp too
+    new_root = "/tmp/root"
+    os.mkdir(new_root)
+    _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+    for path in config["allow"]:
+        _bind_read_only(path, new_root + path)
+    for path in config["hide"]:  # what lies inside the allowed folders but is not the worker's (ag's install)
+        _hide(new_root + path)
+    _bind_read_only("/dev", new_root + "/dev", flags=MS_NOSUID | MS_NOEXEC)
+    os.makedirs(new_root + "/proc")
+    _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path, options in config["scratch"]:
+        os.makedirs(new_root + path, exist_ok=True)
+        _mount("tmpfs", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    return new_root
 
 
-def _mounts() -> list[tuple[str, set[str]]]:
-    mounts = []
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            fields = line.split()
-            target = fields[4].encode().decode("unicode_escape")  # \040 is a space
-            mounts.append((target, set(fields[5].split(","))))
-    return mounts
-
-
-def _is_read_only(path: str) -> bool:
-    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-
-
-def _reveal(reveal: list) -> None:
-    """Make each needed folder (Python's prefix) reachable under a folder the worker may not
-    enter (/root, 0700): that folder becomes an empty tmpfs holding only the needed folder,
-    at its own path, so nothing else in it can be seen."""
-    for i, (needed, _) in enumerate(reveal):
-        os.makedirs(f"/tmp/.reveal{i}")
-        _mount(needed, f"/tmp/.reveal{i}", None, MS_BIND | MS_REC)
-    for blocked in sorted({blocked for _, blocked in reveal}):
-        _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=755")
-    for i, (needed, _) in enumerate(reveal):
-        os.makedirs(needed, mode=0o755, exist_ok=True)
-        _mount(f"/tmp/.reveal{i}", needed, None, MS_MOVE)
-        _mount(None, needed, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        os.rmdir(f"/tmp/.reveal{i}")
-    for blocked in sorted({blocked for _, blocked in reveal}):
-        _mount(None, blocked, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+def _bind_read_only(source: str, target: str, flags: int = 0) -> None:
+    """``source`` at ``target``, read-only; a symlink (/bin -> usr/bin) is copied as a symlink."""
+    if os.path.islink(source):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.symlink(os.readlink(source), target)
+        return
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "w").close()
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
 
 
 def _hide(path: str) -> None:

@@ -34,6 +34,7 @@ MAX_SUBMITTED_FILE = 2 * 2**20
 ADDRESS_SPACE = 3 * 2**30
 SCRATCH_MOUNTS = (("/tmp", "size=256m,mode=1777"), ("/var/tmp", "size=16m,mode=1777"),
                   ("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755"))  # /run: the host's sockets
+SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 CGROUPS = Path("/sys/fs/cgroup")
 MEMORY = 3 * 2**30  # all of one worker's processes together (a cgroup); each alone: ADDRESS_SPACE
 PROCESSES = 256
@@ -140,17 +141,16 @@ def _python_paths() -> list[Path]:
     return [Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.executable, *site.getsitepackages())]
 
 
-def reveal_paths() -> list[tuple[str, str]]:
-    """(needed folder, the topmost folder above it that others may not enter), for the
-    launcher to bridge: Python installed under /root (0700), as pyenv does, is one."""
-    needed = sorted({p if p.is_dir() else p.parent for p in _python_paths()}, key=lambda p: len(p.parts))
-    tops = [p for p in needed if not any(q in p.parents for q in needed)]
-    bridges = []
-    for path in tops:
-        closed = [a for a in reversed(path.parents) if a != Path("/") and not a.stat().st_mode & 0o001]
-        if closed:
-            bridges.append((str(path), str(closed[0])))
-    return bridges
+def allowed_paths() -> list[str]:
+    """What the worker's root holds: the system's folders and Python's (prefixes, site-packages),
+    the outermost of each nest only."""
+    python = {p if p.is_dir() else p.parent for p in _python_paths()}
+    wanted = sorted({*map(Path, SYSTEM_FOLDERS), *python}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in wanted:
+        if (path.exists() or path.is_symlink()) and not any(k in path.parents for k in kept if not k.is_symlink()):
+            kept.append(path)
+    return [str(p) for p in kept]
 
 
 def _cover(path: Path, needed: list[Path]) -> list[str]:
@@ -232,15 +232,14 @@ class Worker:
         limits = {"cpu": int(self.timeout * (probes + 1)) + 30, "address_space": ADDRESS_SPACE,
                   "file_size": 64 * 2**20, "open_files": 256, "core": 0}
         config = {"isolate": self.isolate, "files": files, "limits": limits, "env": dict(WORKER_ENV),
-                  "python": sys.executable, "hide": [], "root": "", "scratch": [], "reveal": [], "cgroups": []}
+                  "python": sys.executable, "hide": [], "root": "", "scratch": [], "allow": [], "cgroups": []}
         if self.isolate:
             config["uid"], config["gid"] = worker_user(slot)
             config["limits"]["processes"] = PROCESSES
             config["hide"] = hidden_paths(tests, submission, hide)
             config["scratch"] = [list(m) for m in SCRATCH_MOUNTS]
-            config["reveal"] = [list(r) for r in reveal_paths()]
-        sandbox = "/tmp/sandbox" if self.isolate else "{root}"
-        config["worker"] = {"exercise": exercise.number, "submission": f"{sandbox}/submission"}
+            config["allow"] = allowed_paths()
+        config["worker"] = {"exercise": exercise.number}  # the launcher adds where the submission is
         return config
 
     def start(self) -> None:
@@ -249,7 +248,6 @@ class Worker:
         if not self.isolate:
             self.scratch = tempfile.TemporaryDirectory(prefix="ag-worker-")
             config["root"] = self.scratch.name
-            config["worker"] = dict(config["worker"], submission=f"{self.scratch.name}/submission")
         else:
             self.cgroups = make_cgroup(f"{os.getpid()}-{next(_numbers)}")
             config["cgroups"] = [str(g / "cgroup.procs") for g in self.cgroups]
@@ -310,7 +308,7 @@ class Worker:
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass  # kill() below
         self.kill()
 
     def kill(self) -> None:
