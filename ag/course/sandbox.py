@@ -1,10 +1,10 @@
 """Starting, talking to and killing the workers, from the judge's side.
 
-As root (Gradescope, CI), a worker runs under ``unshare --mount --net --pid --fork
+As root (Gradescope, CI), a worker runs under ``unshare --mount --net --ipc --pid --fork
 --mount-proc``: no network, its own PID namespace (every process it forks dies with it) and
-its own mount namespace, in which ``launcher`` makes every mount read-only, gives it a small
-private /tmp, hides the graded tests, ag's own source and the results, then drops to an
-unprivileged user with rlimits. Run as a normal user (a student checking themselves), the same
+its own mount namespace, in which ``launcher`` builds it a root from an allowlist (the system's
+folders and Python's, read-only; ag's own install covered; small fresh scratch folders), then
+drops to an unprivileged user in a cgroup, with rlimits and a seccomp filter. Run as a normal user (a student checking themselves), the same
 process split runs without those privilege steps, and ``grade`` says so in one line.
 """
 from __future__ import annotations
