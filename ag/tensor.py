@@ -68,13 +68,18 @@ def no_grad() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _phase(name: str) -> Iterator[None]:
+def phase(name: str) -> Iterator[None]:
+    """Label the ops run inside: "forward", "backward" or "recompute" (``count_ops`` and
+    ``tracing`` file what runs under the label)."""
     previous = config.phase
     config.phase = name
     try:
         yield
     finally:
         config.phase = previous
+
+
+_phase = phase
 
 
 @contextlib.contextmanager
@@ -230,11 +235,26 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
             discard_value_if_has_rematerializer(t)
     if _recorders:
         _recorders[-1].append(output)
+    for observe in _observers:
+        observe(output)
     trace.record(config.phase, op, output.name)  # "recompute" when a rematerializer runs it
     return output
 
 
 _recorders: list[list[Tensor]] = []
+_observers: list[Callable[[Tensor], None]] = []
+
+
+@contextlib.contextmanager
+def observe_ops(callback: Callable[[Tensor], None]) -> Iterator[None]:
+    """Call ``callback(output)`` for every op output made inside the block, from inside the op:
+    ``sys._getframe(2)`` in the callback is the op's own frame (``ag.remat.capture`` reads the
+    op's arguments there)."""
+    _observers.append(callback)
+    try:
+        yield
+    finally:
+        _observers[:] = [c for c in _observers if c is not callback]
 
 
 @contextlib.contextmanager
@@ -311,23 +331,27 @@ def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool
     del seed  # the root's grad is freed after its step like any other
     keep_graph = retain_graph or config.eager_grads
     while order:
-        node = order.pop()
-        if node._graph_freed:
-            raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
-                             "backward() freed; pass retain_graph=True to the first call")
-        if node._backward is not None and node.grad is not None:
-            _run_step(node)
-        ### BEGIN SOLUTION
-        if not (node.is_leaf or node._retains_grad or config.eager_grads):
-            node.grad = None
-        ### END SOLUTION
-        if not keep_graph and not node.is_leaf:
-            _free_graph(node)
-        if node.op is not None:
-            label = (node.op, node.name)
-            node = None  # our last reference: a value nothing else reads is freed before we measure
+        label = backward_step(order.pop(), keep_graph)
+        if label is not None:  # the node is gone: a value nothing else reads is freed before we measure
             _record_step(*label, snapshots)
     return snapshots
+
+
+def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:
+    """One step of ``backward``: run ``node``'s closure if a grad reached it, free its grad
+    (rule 3) and, unless ``keep_graph``, its part of the graph. Returns (op, name) for non-leaves."""
+    if node._graph_freed:
+        raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
+                         "backward() freed; pass retain_graph=True to the first call")
+    if node._backward is not None and node.grad is not None:
+        _run_step(node)
+    ### BEGIN SOLUTION
+    if not (node.is_leaf or node._retains_grad or config.eager_grads):
+        node.grad = None
+    ### END SOLUTION
+    if not keep_graph and not node.is_leaf:
+        _free_graph(node)
+    return None if node.op is None else (node.op, node.name)
 
 
 def _seed_grad(root: Tensor, grad) -> np.ndarray:

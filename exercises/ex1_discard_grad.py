@@ -2,7 +2,8 @@
 
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
 into it (accumulate_grad, which the backward of matmul and sum call), and free a non-leaf
-tensor's grad right after its own backward step (the loop in backward).
+tensor's grad right after its own backward step (backward_step, which backward runs for each
+node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex1_discard_grad.py
@@ -17,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ag import trace
-from ag.tensor import (GraphError, Tensor, _array, _free_graph, _record_step, _run_step,
-                       _seed_grad, _step, config, topological_sort, unbroadcast)
+from ag.tensor import (GraphError, Tensor, _array, _free_graph, _run_step, _step,
+                       config, unbroadcast)
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
@@ -35,33 +36,19 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
         trace.watch_grad(tensor)
 
 
-def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool = False):
-    """Run every recorded ``_backward`` closure from ``root`` down to the leaves."""
-    seed = _seed_grad(root, grad)
-    snapshots = [] if trace else None
-    order = topological_sort(root)
-    if root.grad is None:
-        root.grad = seed
-    else:
-        root.grad += seed
-    del seed  # the root's grad is freed after its step like any other
-    keep_graph = retain_graph or config.eager_grads
-    while order:
-        node = order.pop()
-        if node._graph_freed:
-            raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
-                             "backward() freed; pass retain_graph=True to the first call")
-        if node._backward is not None and node.grad is not None:
-            _run_step(node)
-        # YOUR CODE HERE
-        raise NotImplementedError()
-        if not keep_graph and not node.is_leaf:
-            _free_graph(node)
-        if node.op is not None:
-            label = (node.op, node.name)
-            node = None  # our last reference: a value nothing else reads is freed before we measure
-            _record_step(*label, snapshots)
-    return snapshots
+def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:
+    """One step of ``backward``: run ``node``'s closure if a grad reached it, free its grad
+    (rule 3) and, unless ``keep_graph``, its part of the graph. Returns (op, name) for non-leaves."""
+    if node._graph_freed:
+        raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
+                         "backward() freed; pass retain_graph=True to the first call")
+    if node._backward is not None and node.grad is not None:
+        _run_step(node)
+    # YOUR CODE HERE
+    raise NotImplementedError()
+    if not keep_graph and not node.is_leaf:
+        _free_graph(node)
+    return None if node.op is None else (node.op, node.name)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ EXERCISES = (
         1, "discard_grad", "Discarding the grad",
         "A grad buffer costs as much as its value. Allocate it lazily, the first time something "
         "flows into it (accumulate_grad, which the backward of matmul and sum call), and free a "
-        "non-leaf tensor's grad right after its own backward step (the loop in backward).",
-        (("tensor", "accumulate_grad"), ("tensor", "backward")),
+        "non-leaf tensor's grad right after its own backward step (backward_step, which backward "
+        "runs for each node in turn).",
+        (("tensor", "accumulate_grad"), ("tensor", "backward_step")),
         "import numpy as np\n\nfrom ag import trace\nfrom ag.tensor import (GraphError, Tensor, _array, _free_graph, "
-        "_record_step, _run_step,\n                       _seed_grad, _step, config, topological_sort, "
-        "unbroadcast)",
+        "_run_step, _step,\n                       config, unbroadcast)",
         "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
         "print('forward MB:', [s.allocated_mb for s in run.forward])\n"
         "print('backward MB:', [s.allocated_mb for s in run.backward])",
