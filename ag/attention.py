@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
-from .tensor import Tensor, accumulate_grad, array_module, make_output
+from .tensor import Tensor, accumulate_grad, array_module, config, make_output
+from .trace import count_matmul
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -215,11 +216,13 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     def forward(q, k, v):
         o_lse = tiled_forward(tiles, q, k, v)
         tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
+        tiles.count_products(2)  # S = QKᵀ, PV
         return o_lse
 
     def backward(q, k, v, o, lse, do):
         grads = tiled_backward(tiles, q, k, v, o, lse, do)
         tiles.forget_masks()
+        tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
 
@@ -292,6 +295,17 @@ class _Tiles:
 
     def forget_masks(self) -> None:
         self._masks.clear()
+
+    def count_products(self, per_tile: int) -> None:
+        """Tell ``count_ops`` about ``per_tile`` (rows × d)·(d × cols) products on every visited
+        tile of every query head: 2·rows·cols·d FLOPs each, as ``_mm`` counts a matmul."""
+        h = self.heads
+        area = sum(min(self.block_q, h.n_q - q0) * min(self.block_k, h.n_k - k0)
+                   for q0 in range(0, h.n_q, self.block_q)
+                   for k0 in self.key_tiles(q0, min(q0 + self.block_q, h.n_q)))
+        heads = math.prod(h.lead) * h.h
+        for _ in range(per_tile):
+            count_matmul(config.phase, 2 * area * h.d * heads)
 
     def mask(self, q_start: int, k_start: int, rows: int, cols: int, dtype) -> np.ndarray | None:
         """The causal mask of one tile as an additive (rows, cols) tile of 0 and -inf; None when
