@@ -11,15 +11,37 @@ it for a chain of layers ``x_k = layers[k](x_{k-1})``:
 - ``checkpoint(fn, *inputs)`` is the function form (``torch.utils.checkpoint``, Megatron's
   and NeMo's recomputation): keep a block's inputs only, rerun the block in backward.
 
+On any graph (Checkmate's view, Jain et al. 2020):
+
+- ``capture(fn, *inputs)`` records one training step as a ``Graph`` of op outputs;
+- a ``Schedule`` says, stage by stage, which nodes are computed (R) and kept (S);
+- ``execute(schedule)`` runs it on the engine and measures its peak and recomputed FLOPs;
+- ``checkmate(graph, budget_bytes)`` is the optimal schedule (a MILP, HiGHS), ``relax=True`` its LP rounding;
+- ``revolve(n_layers, slots)`` is Griewank's binomial schedule for chains, multi-level;
+- ``dynamic(graph, budget_bytes)`` is DTR on any graph, at run time;
+- ``from_keep``, ``chain_schedule`` and ``nemo`` write the fixed plans as schedules on a graph.
+
 One concept per file: ``runner`` (sequential and its replay), ``cost`` (profile, predict),
-``plans`` (the strategies), ``dtr`` (dynamic), ``function`` (checkpoint).
+``plans`` (the chain strategies), ``dtr`` (dynamic), ``function`` (checkpoint), ``graph``
+(capture), ``model`` (the memory model), ``schedule``, ``execute``, ``checkmate``,
+``revolve``, ``keep`` (fixed plans on a graph).
 """
 from .cost import ChainProfile, Prediction, _segment_recompute, as_profile, predict, profile
-from .dtr import dynamic
+from .checkmate import checkmate, lower_bound_bytes
+from .dtr import HEURISTICS, DynamicRun, dynamic
+from .execute import Execution, execute
 from .function import checkpoint
 from .plans import (STRATEGIES, _every, _fits, _greedy, _local_peak, _num_layers, _optimal, _pareto, mode_for,
                     plan)
+from .graph import BackwardStep, CaptureError, Graph, Node, capture
+from .keep import chain_schedule, from_keep, nemo
+from .model import ScheduleError, simulate
+from .revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
 from .runner import Layer, _check_checkpoints, sequential
+from .schedule import Schedule
 
-__all__ = ["STRATEGIES", "ChainProfile", "Layer", "Prediction", "as_profile", "checkpoint", "dynamic", "mode_for",
-           "plan", "predict", "profile", "sequential"]
+__all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainProfile", "DynamicRun", "Execution",
+           "Graph", "Layer", "Node", "Prediction", "Revolve", "Schedule", "ScheduleError", "as_profile",
+           "binomial_forwards", "capture", "chain_schedule", "checkmate", "checkpoint", "dp_forwards", "dynamic",
+           "execute", "from_keep", "lower_bound_bytes", "mode_for", "nemo", "one_level_forwards", "plan", "predict",
+           "profile", "revolve", "sequential", "simulate"]

@@ -2,23 +2,50 @@
 with the lowest cost / (bytes × staleness) whenever the chain's resident bytes pass the budget."""
 from __future__ import annotations
 
+import time
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..tensor import Tensor, record_tensors, release_unneeded
+from .graph import Graph
 from .runner import Layer, _Chain
 
 
-def dynamic(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tensor:
+def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dtr_eq"):
+    """DTR: no plan, evict at run time under ``budget_bytes``.
+
+    - ``dynamic(layers, x, budget_bytes)``: a chain, forward only; returns its output (see ``dynamic_chain``).
+    - ``dynamic(graph, budget_bytes)``: a captured step, forward and backward; returns a DynamicRun.
+    - ``dynamic(fn, *inputs, budget_bytes=B)``: captures ``fn`` first, then as for a graph.
+    """
+    if isinstance(target, Graph):
+        budget = args[0] if args else budget_bytes
+        return dynamic_graph(target, budget, heuristic=heuristic)
+    if callable(target) and not isinstance(target, (list, tuple)):
+        if budget_bytes is None:
+            raise ValueError("dynamic(fn, *inputs): give budget_bytes=")
+        from .graph import capture
+        return dynamic_graph(capture(target, *args), budget_bytes, heuristic=heuristic)
+    if len(args) == 2 and budget_bytes is None:
+        x, budget_bytes = args
+    elif len(args) == 1:
+        (x,) = args
+    else:
+        raise TypeError("dynamic(layers, x, budget_bytes): expected a chain's input and a budget")
+    return dynamic_chain(target, x, budget_bytes)
+
+
+def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tensor:
     """Run ``layers`` with no plan: keep outputs until the chain's resident bytes pass
     ``budget_bytes``, then evict the layer with the lowest
     cost / (bytes × staleness) (Kirisame et al., Dynamic Tensor Rematerialization), where
     cost is the FLOPs to replay it from the nearest resident output. An evicted value is
     replayed when something reads it, and the budget is enforced again.
     """
-    if budget_bytes <= 0:
+    if budget_bytes is None or budget_bytes <= 0:
         raise ValueError(f"dynamic: budget_bytes must be positive, got {budget_bytes!r}")
     from ..trace import count_ops
     chain = _Dynamic(list(layers), x, int(budget_bytes))
@@ -110,3 +137,194 @@ class _DynamicReplay:
 
     def __call__(self) -> np.ndarray:
         return self.chain.replay_to(self.k, self.tensor())
+
+
+# ---- DTR on any captured graph ----
+
+HEURISTICS = ("dtr", "dtr_eq", "lru", "size")
+
+
+@dataclass(frozen=True)
+class DynamicRun:
+    """What a DTR run of a captured step measured, beside what the memory model counted as it went."""
+
+    peak_bytes: int            # tracemalloc
+    predicted_peak_bytes: int  # the memory model, event by event, during the same run
+    recompute_flops: int       # count_ops
+    evictions: int
+    budget_bytes: int
+    heuristic: str
+    seconds: float
+
+
+def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq") -> DynamicRun:
+    """Run ``graph``'s forward and backward with no plan, evicting at run time whenever the
+    bytes alive (the memory model's, as for every planner) would pass ``budget_bytes``.
+
+    The victim is the resident value with the smallest
+    h(t) = cost(t) / (bytes(t) · staleness(t)) (Kirisame et al. 2021):
+
+    - ``"dtr"``: cost = its own compute cost plus that of its evicted neighbourhood e*(t), the
+      evicted values that recomputing it, or recomputing through it, would also need;
+    - ``"dtr_eq"``: e*(t) approximated by union-find classes of evicted values, merged on
+      eviction and never split (the paper's cheap variant);
+    - ``"lru"``: cost 1, the stalest goes; ``"size"``: cost 1 and no staleness, the largest goes.
+
+    An evicted value is recomputed, recursively through its evicted inputs, when something reads it.
+    """
+    if heuristic not in HEURISTICS:
+        raise ValueError(f"dynamic: heuristic must be one of {', '.join(HEURISTICS)}, got {heuristic!r}")
+    if not graph.steps:
+        raise ValueError("dynamic: the graph has no backward step (nothing requires grad)")
+    if not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < graph.leaf_bytes:
+        raise ValueError(f"dynamic: budget_bytes must be at least the {graph.leaf_bytes:,} bytes the inputs and "
+                         f"parameters hold, got {budget_bytes!r}")
+    from .execute import _Run, traced
+    start = time.perf_counter()
+    with traced(graph) as measured:
+        dtr = _GraphDTR(graph, int(budget_bytes), heuristic, _Run(graph))
+        dtr.run()
+        predicted, evictions = dtr.run_.memory.peak, dtr.evictions
+        del dtr
+    return DynamicRun(measured.peak_bytes, int(predicted), measured.recompute_flops, evictions,
+                      int(budget_bytes), heuristic, time.perf_counter() - start)
+
+
+class _GraphDTR:
+    """The run-time state: what is resident, what will still be read, and the eviction classes."""
+
+    def __init__(self, graph: Graph, budget: int, heuristic: str, run) -> None:
+        self.graph, self.budget, self.heuristic, self.run_ = graph, budget, heuristic, run
+        n = graph.n
+        self.uses = [len(graph.users[i]) for i in range(n)]  # forward reads still to come
+        for step in graph.steps:
+            for r in graph.with_bases(step.reads):
+                self.uses[r] += 1
+        for i in range(n):  # a view's reads keep its base's buffer wanted
+            for v in graph.views(i):
+                self.uses[i] += self.uses[v]
+        self.cost = [node.flops + int(np.prod(node.shape)) for node in graph.nodes]
+        self.last_access = [0] * n
+        self.clock = 0
+        self.evicted: set[int] = set()
+        self.parent = list(range(n))  # union-find over evicted values (dtr_eq)
+        self.class_cost = list(self.cost)
+        self.evictions = 0
+
+    def run(self) -> None:
+        g, run = self.graph, self.run_
+        for t in range(g.n):
+            run.memory.stage(t)
+            pinned = g.with_bases(g.nodes[t].deps) | {t}
+            for d in g.nodes[t].deps:
+                self.ensure(d, pinned)
+            self.make_room(g.nodes[t].size + g.nodes[t].hidden_bytes + g.nodes[t].workspace_bytes, pinned)
+            run.compute(t)
+            self.touch(t)
+            self.release(g.with_bases(g.nodes[t].deps) | {t}, forward_use_of=t)
+        for j, step in enumerate(g.steps):
+            run.memory.stage(g.n + j)
+            reads = g.with_bases(step.reads)
+            for r in sorted(reads):
+                self.ensure(r, reads)
+            self.make_room(step.extra_bytes, reads)
+            run.backward(j)
+            for r in reads:
+                self.uses[r] -= 1
+            self.release(reads)
+
+    def ensure(self, i: int, pinned: set[int]) -> None:
+        """Make node i resident, recomputing its evicted inputs first."""
+        if i in self.run_.resident:
+            self.touch(i)
+            return
+        node = self.graph.nodes[i]
+        inner = pinned | self.graph.with_bases(node.deps) | {i}
+        for d in node.deps:
+            self.ensure(d, inner)
+        self.make_room(node.size + node.workspace_bytes, inner)
+        self.run_.compute(i)
+        self.evicted.discard(i)
+        self.touch(i)
+
+    def touch(self, i: int) -> None:
+        self.clock += 1
+        self.last_access[i] = self.clock
+
+    def release(self, nodes, forward_use_of: int | None = None) -> None:
+        """Free what no later step will read (not an eviction: it is dead)."""
+        g = self.graph
+        if forward_use_of is not None:
+            for d in g.with_bases(g.nodes[forward_use_of].deps):
+                self.uses[d] -= 1
+        for i in sorted(nodes, reverse=True):  # views before their bases
+            if self.uses[i] <= 0 and i in self.run_.resident:
+                self.run_.free(i)
+
+    def make_room(self, extra: int, pinned: set[int]) -> None:
+        while self.run_.memory.alive + extra > self.budget:
+            victim = self.victim(pinned)
+            if victim is None:
+                return  # everything resident is in use now: run over budget rather than fail
+            self.evict(victim)
+
+    def victim(self, pinned: set[int]) -> int | None:
+        g, best, best_score = self.graph, None, None
+        for i in self.run_.resident:
+            node = g.nodes[i]
+            if i in pinned or node.view_of is not None or node.size == 0:
+                continue
+            if any(v in pinned for v in g.views(i)):
+                continue
+            score = self.score(i)
+            if best_score is None or score < best_score:
+                best, best_score = i, score
+        return best
+
+    def score(self, i: int) -> float:
+        size = self.graph.nodes[i].size
+        staleness = self.clock - self.last_access[i] + 1
+        if self.heuristic == "lru":
+            return 1 / staleness
+        if self.heuristic == "size":
+            return 1 / size
+        if self.heuristic == "dtr":
+            cost = self.cost[i] + sum(self.cost[e] for e in self.neighbourhood(i))
+        else:
+            roots = {self.find(e) for e in self.graph.users[i] + self.graph.nodes[i].deps if e in self.evicted}
+            cost = self.cost[i] + sum(self.class_cost[r] for r in roots)
+        return cost / (size * staleness)
+
+    def neighbourhood(self, i: int) -> set[int]:
+        """e*(i): evicted values reachable from i through evicted values, inputs and users alike."""
+        g, seen = self.graph, set()
+        stack = [e for e in (*g.nodes[i].deps, *g.users[i]) if e in self.evicted]
+        while stack:
+            e = stack.pop()
+            if e in seen:
+                continue
+            seen.add(e)
+            stack.extend(x for x in (*g.nodes[e].deps, *g.users[e]) if x in self.evicted and x not in seen)
+        return seen
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def evict(self, i: int) -> None:
+        g = self.graph
+        for v in g.views(i):
+            if v in self.run_.resident:
+                self.run_.free(v)
+                self.evicted.add(v)
+        self.run_.free(i)
+        self.evicted.add(i)
+        self.evictions += 1
+        for e in (*g.nodes[i].deps, *g.users[i]):
+            if e in self.evicted:
+                a, b = self.find(i), self.find(e)
+                if a != b:
+                    self.parent[a] = b
+                    self.class_cost[b] += self.class_cost[a]

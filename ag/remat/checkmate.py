@@ -1,0 +1,338 @@
+"""Checkmate (Jain et al., MLSys 2020): the schedule that recomputes the fewest FLOPs under a
+memory budget, as a mixed-integer linear program solved by HiGHS (``scipy.optimize.milp``).
+
+Variables, for stage t and node i (``model`` says what a stage is):
+
+    R[t, i] ∈ {0, 1}   node i is computed in stage t
+    S[t, i] ∈ {0, 1}   node i is resident when stage t starts
+    FREE[t, d, k] ∈ {0, 1}  node d is freed right after node k is computed in stage t
+    U[t, k] ≥ 0        bytes alive right after node k is computed in stage t
+
+    minimise   Σ_t Σ_i R[t, i] · flops_i
+    subject to
+      frontier:     R[t, t] = 1 and R[t, i] = 0 for i > t, S[t, i] = 0 for i ≥ t   (t < n)
+      backward:     R[t, r] + S[t, r] ≥ 1 for each r the step of stage t reads     (t ≥ n)
+      inputs:       R[t, i] ≤ R[t, p] + S[t, p] for each input p of i
+      keeping:      S[t+1, i] ≤ S[t, i] + R[t, i];   R[t, i] + S[t, i] ≤ 1
+      views:        S[t, v] ≤ S[t, base(v)]
+      memory:       U[t, 0] = C_t + Σ_i size_i S[t, i] + size_0 R[t, 0]
+                    U[t, k] = U[t, k-1] - Σ_d size_d FREE[t, d, k-1] + size_k R[t, k]
+                    U[t, k] + workspace_k R[t, k] ≤ budget;  (backward) U[t, n] + extra_t ≤ budget
+      freeing:      FREE[t, d, k] = R[t, k] · (1 - S[t+1, d]) · Π_{later users j of d} (1 - R[t, j]),
+                    written as its linear bounds.
+
+C_t is the leaves plus the grads alive at that backward step. ``relax=True`` solves the LP
+relaxation instead and rounds it in two phases, as the paper's approximation does: S is
+rounded at several thresholds, R is then whatever those S need (``keep.complete``), and the
+cheapest rounding within the budget wins.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .graph import Graph
+from .keep import complete
+from .model import prune
+from .schedule import Schedule
+
+
+def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax: bool = False) -> Schedule:
+    """The fewest recomputed FLOPs whose peak (under ``model``) fits ``budget_bytes``."""
+    try:
+        from scipy import sparse
+        from scipy.optimize import Bounds, LinearConstraint, milp
+    except ImportError:
+        raise ImportError("checkmate needs scipy's HiGHS: pip install 'ag[solver]'") from None
+    if not isinstance(graph, Graph):
+        raise TypeError(f"checkmate: expected a Graph from remat.capture, got {type(graph).__name__}")
+    if not graph.steps:
+        raise ValueError("checkmate: the graph has no backward step (nothing requires grad): "
+                         "there is nothing to schedule")
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ValueError(f"checkmate: time_limit must be a positive number of seconds, got {time_limit!r}")
+    budget = int(budget_bytes)
+    if budget < graph.leaf_bytes:
+        raise ValueError(f"checkmate: a budget of {budget:,} bytes is below the {graph.leaf_bytes:,} bytes "
+                         "that the inputs and parameters hold by themselves")
+    floor = lower_bound_bytes(graph)
+    if budget < floor:
+        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
+                         f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
+    program = _Program(graph, budget)
+    c, integrality, lb, ub, A, lo, hi = program.build(sparse)
+    start = time.perf_counter()
+    result = milp(c, integrality=np.zeros_like(integrality) if relax else integrality,
+                  bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi),
+                  options={"time_limit": float(time_limit), "mip_rel_gap": 1e-9, "disp": False})
+    seconds = time.perf_counter() - start
+    if result.x is None:
+        if result.status == 2:
+            raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                             f"the smallest feasible budget is at least {floor:,} bytes")
+        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before HiGHS found any "
+                           f"schedule for {graph.n} nodes at {budget:,} bytes; raise time_limit or relax=True")
+    if relax:
+        return _round(graph, program, result.x, result.fun, budget, seconds)
+    R, S = prune(graph, *program.matrices(result.x))
+    schedule = Schedule(graph, R, S, "checkmate", budget, "optimal" if result.status == 0 else "feasible",
+                        solve_seconds=seconds)
+    bound = getattr(result, "mip_dual_bound", None)
+    if bound is not None and np.isfinite(bound):
+        schedule.lower_bound = max(0.0, program.unscale(bound) - graph.forward_flops)
+        spent = schedule.recompute_flops
+        schedule.gap = 0.0 if spent == 0 else max(0.0, (spent - schedule.lower_bound) / spent)
+    if schedule.status == "optimal":
+        schedule.gap = 0.0
+        return schedule
+    return _best_known(graph, schedule, budget)
+
+
+def _best_known(graph: Graph, found: Schedule, budget: int) -> Schedule:
+    """Stopped by the time limit: the best of what HiGHS found and the fixed plans that fit,
+    as an incumbent would have been, with the gap against HiGHS' bound."""
+    from .keep import chain_schedule, nemo
+    best = found
+    for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
+                 lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")):
+        try:
+            s = make()
+        except ValueError:
+            continue
+        if s.predicted_peak_bytes <= budget and s.recompute_flops < best.recompute_flops:
+            best = s
+    if best is not found:
+        best = Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=found.solve_seconds)
+        best.lower_bound = found.lower_bound
+        spent = best.recompute_flops
+        bound = found.lower_bound or 0.0
+        best.gap = 0.0 if spent == 0 else max(0.0, (spent - bound) / spent)
+    return best
+
+
+def lower_bound_bytes(graph: Graph) -> int:
+    """No schedule peaks below this: every stage must at least hold what its own step reads."""
+    floor, hidden = graph.leaf_bytes, 0
+    for node in graph.nodes:
+        hidden += node.hidden_bytes
+        need = graph.with_bases(node.deps) | {node.index}
+        held = sum(graph.nodes[i].size for i in need)
+        floor = max(floor, graph.leaf_bytes + hidden + held + node.workspace_bytes)
+    for j, step in enumerate(graph.steps):
+        need = graph.with_bases(step.reads)
+        held = sum(graph.nodes[i].size for i in need)
+        floor = max(floor, graph.leaf_bytes + hidden + step.grad_bytes + held + step.extra_bytes)
+        hidden -= graph.nodes[step.node].hidden_bytes
+    return int(floor)
+
+
+class _Program:
+    """The MILP's variables, numbered, and its constraints as one sparse matrix."""
+
+    def __init__(self, graph: Graph, budget: int) -> None:
+        self.graph, self.budget = graph, budget
+        T, n = graph.stages, graph.n
+        self.T, self.n = T, n
+        self.need_until = _need_until(graph)
+        self.backward_stage: list[int | None] = [None] * n
+        for j, step in enumerate(graph.steps):
+            self.backward_stage[step.node] = n + j
+        self.count = 0
+        self.R = np.full((T, n), -1, dtype=np.int64)
+        self.S = np.full((T, n), -1, dtype=np.int64)
+        for t in range(T):
+            for i in range(n):
+                if t > self.need_until[i]:
+                    continue
+                if t >= n or i <= t:
+                    self.R[t, i] = self._new()
+                if t >= 1 and (t >= n or i < t):
+                    self.S[t, i] = self._new()
+        self.binaries = self.count
+        self.candidates = [sorted(graph.with_bases(node.deps) | {node.index}) for node in graph.nodes]
+        self.FREE: dict[tuple[int, int, int], int] = {}
+        for t in range(T):
+            for k in range(n):
+                if self.R[t, k] >= 0:
+                    for d in self.candidates[k]:
+                        self.FREE[t, d, k] = self._new()
+        self.binaries = self.count
+        self.U = np.arange(self.count, self.count + T * (n + 1)).reshape(T, n + 1)
+        self.count += T * (n + 1)
+        self.scale = max(1.0, max(node.flops for node in graph.nodes))  # objective near 1: HiGHS' tolerances are relative
+
+    def _new(self) -> int:
+        self.count += 1
+        return self.count - 1
+
+    def unscale(self, objective: float) -> float:
+        return objective * self.scale
+
+    def size(self, t: int, i: int) -> int:
+        return self.graph.nodes[i].size
+
+    def hidden(self, t: int) -> int:
+        """Bytes kept by closures when stage t starts: made before it, their backward step not run."""
+        g, n = self.graph, self.n
+        if t < n:
+            return sum(node.hidden_bytes for node in g.nodes[:t])
+        return sum(g.nodes[step.node].hidden_bytes for step in g.steps[t - n:])
+
+    def build(self, sparse):
+        g, T, n = self.graph, self.T, self.n
+        rows, cols, vals, lo, hi = [], [], [], [], []
+
+        def row(entries, low, high):
+            r = len(lo)
+            for var, coef in entries:
+                rows.append(r)
+                cols.append(var)
+                vals.append(coef)
+            lo.append(low)
+            hi.append(high)
+
+        lb = np.zeros(self.count)
+        ub = np.ones(self.count)
+        ub[self.U.ravel()] = np.inf
+        for t in range(min(T, n)):
+            lb[self.R[t, t]] = 1  # frontier: stage t makes node t
+        for t in range(T):
+            step = t - n if t >= n else None
+            reads = g.steps[step].reads if step is not None else ()
+            for r in reads:
+                row([(self.R[t, r], 1), (self.S[t, r], 1)], 1, np.inf)
+            for i in range(n):
+                Ri, Si = self.R[t, i], self.S[t, i]
+                if Ri >= 0:
+                    for p in g.nodes[i].deps:
+                        entries = [(Ri, 1)] + [(v, -1) for v in (self.R[t, p], self.S[t, p]) if v >= 0]
+                        row(entries, -np.inf, 0)
+                    if Si >= 0:
+                        row([(Ri, 1), (Si, 1)], -np.inf, 1)
+                if t + 1 < T and self.S[t + 1, i] >= 0:
+                    row([(self.S[t + 1, i], 1)] + [(v, -1) for v in (Si, Ri) if v >= 0], -np.inf, 0)
+                base = g.nodes[i].view_of
+                if Si >= 0 and base is not None:
+                    row([(Si, 1)] + ([(self.S[t, base], -1)] if self.S[t, base] >= 0 else []), -np.inf, 0)
+            self._memory(t, reads, row)
+        c = np.zeros(self.count)
+        for t in range(T):
+            for i in range(n):
+                if self.R[t, i] >= 0:
+                    c[self.R[t, i]] = g.nodes[i].flops / self.scale
+        integrality = np.zeros(self.count, dtype=np.int8)
+        integrality[:self.binaries] = 1
+        A = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), self.count))
+        return c, integrality, lb, ub, A, np.array(lo, dtype=float), np.array(hi, dtype=float)
+
+    def _memory(self, t: int, reads, row) -> None:
+        g, n = self.graph, self.n
+        step = t - n if t >= n else None
+        const = g.leaf_bytes + self.hidden(t) + (g.steps[step].grad_bytes if step is not None else 0)
+        read_set = g.with_bases(reads)
+        budget = self.budget
+        for k in range(n):
+            U = self.U[t, k]
+            entries = [(U, 1)]
+            if k == 0:
+                entries += [(self.S[t, i], -self.size(t, i)) for i in range(n) if self.S[t, i] >= 0]
+                low = high = const
+            else:
+                entries.append((self.U[t, k - 1], -1))
+                entries += [(self.FREE[t, d, k - 1], self.size(t, d)) for d in self.candidates[k - 1]
+                            if (t, d, k - 1) in self.FREE]
+                low = high = 0
+            if k == t:  # the first computation of node t also makes its closure's arrays
+                low = high = low + g.nodes[t].hidden_bytes
+            if self.R[t, k] >= 0:
+                entries.append((self.R[t, k], -self.size(t, k)))
+                row([(U, 1), (self.R[t, k], g.nodes[k].workspace_bytes)], -np.inf, budget)
+            else:
+                row([(U, 1)], -np.inf, budget)
+            row(entries, low, high)
+            if self.R[t, k] >= 0:
+                self._free(t, k, read_set, row)
+        last = self.U[t, n]
+        entries = [(last, 1), (self.U[t, n - 1], -1)]
+        entries += [(self.FREE[t, d, n - 1], self.size(t, d)) for d in self.candidates[n - 1]
+                    if (t, d, n - 1) in self.FREE]
+        row(entries, 0, 0)
+        if step is not None:
+            row([(last, 1)], -np.inf, budget - g.steps[step].extra_bytes)
+
+    def _free(self, t: int, k: int, read_set: set[int], row) -> None:
+        """FREE[t, d, k] = R[t, k] · (1 - S[t+1, d]) · Π (1 - R[t, j]) over later users j of d."""
+        T = self.T
+        for d in self.candidates[k]:
+            F = self.FREE[t, d, k]
+            if d in read_set:  # the backward step at the end of this stage still reads it
+                row([(F, 1)], -np.inf, 0)
+                continue
+            later = [self.R[t, j] for j in range(k + 1, self.n) if self.R[t, j] >= 0 and d in self.candidates[j]]
+            keep = self.S[t + 1, d] if t + 1 < T else -1
+            row([(F, 1), (self.R[t, k], -1)], -np.inf, 0)
+            if keep >= 0:
+                row([(F, 1), (keep, 1)], -np.inf, 1)
+            for j in later:
+                row([(F, 1), (j, 1)], -np.inf, 1)
+            # and it is freed whenever nothing stops it
+            hazards = [(self.R[t, k], -1)] + ([(keep, 1)] if keep >= 0 else []) + [(j, 1) for j in later]
+            row([(F, 1)] + hazards, 0, np.inf)
+
+    def matrices(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        R = np.zeros((self.T, self.n), dtype=bool)
+        S = np.zeros((self.T, self.n), dtype=bool)
+        on = x > 0.5
+        R[self.R >= 0] = on[self.R[self.R >= 0]]
+        S[self.S >= 0] = on[self.S[self.S >= 0]]
+        return R, S
+
+    def fractional_S(self, x: np.ndarray) -> np.ndarray:
+        S = np.zeros((self.T, self.n))
+        S[self.S >= 0] = x[self.S[self.S >= 0]]
+        return S
+
+
+def _need_until(graph: Graph) -> list[int]:
+    """The last stage in which each node can be needed: by a forward user, or to (re)compute
+    something a backward step reads."""
+    n = graph.n
+    ancestors: list[set[int]] = []
+    for node in graph.nodes:
+        mine = {node.index}
+        for d in graph.with_bases(node.deps):
+            mine |= ancestors[d]
+        ancestors.append(mine)
+    until = [max([u for u in graph.users[i]], default=i) for i in range(n)]
+    for j, step in enumerate(graph.steps):
+        for r in graph.with_bases(step.reads):
+            for a in ancestors[r]:
+                until[a] = max(until[a], n + j)
+    for i in range(n):  # a view needed keeps its base needed
+        for v in graph.views(i):
+            until[i] = max(until[i], until[v])
+    return until
+
+
+def _round(graph: Graph, program: _Program, x: np.ndarray, objective: float, budget: int,
+           seconds: float) -> Schedule:
+    """Two-phase rounding: S at thresholds (and a few random draws), then the R they need."""
+    S_frac = program.fractional_S(x)
+    lp_bound = max(0.0, program.unscale(objective) - graph.forward_flops)
+    rng = np.random.default_rng(0)
+    candidates = [S_frac >= threshold for threshold in (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)]
+    candidates += [rng.random(S_frac.shape) < S_frac for _ in range(8)]
+    best = None
+    for S_round in candidates:
+        s = complete(graph, S_round, "checkmate LP rounding")
+        if s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
+            best = s
+    if best is None:
+        raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
+                         "use the MILP (relax=False) or a larger budget")
+    best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", seconds
+    best.lower_bound = lp_bound
+    spent = best.recompute_flops
+    best.gap = 0.0 if spent == 0 else max(0.0, (spent - lp_bound) / spent)
+    return best

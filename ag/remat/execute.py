@@ -1,0 +1,187 @@
+"""Run a schedule on the real engine: ``execute(schedule)`` computes, frees and backpropagates
+exactly as ``model.events`` says, and measures the peak with tracemalloc and the recomputed
+FLOPs with ``count_ops``. The grads land in the leaves' ``.grad``, as after ``backward()``.
+
+Each node is made once by calling its op with a graph (stage t < n), which gives it a fresh
+Tensor and backward closure; a recomputation calls the op again without a graph and puts the
+value back into that Tensor, whose closure never went away.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .. import trace
+from ..tensor import GraphError, Tensor, backward_step, no_grad, phase
+from .graph import Graph
+from .model import Memory, events
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What running a schedule measured."""
+
+    peak_bytes: int          # tracemalloc: everything the step allocated, leaves included
+    recompute_flops: int     # count_ops, phase "recompute"
+    predicted_peak_bytes: int
+    seconds: float
+    loss: float
+
+
+class _Run:
+    """One run of the captured step: a fresh Tensor per node, made when the node is first computed."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.tensors: list[Tensor | None] = [None] * graph.n
+        self.done: set[int] = set()  # nodes whose backward step has run
+        self.resident: set[int] = set()
+        self.memory = Memory(graph)
+        self.workspace: dict[int, int] = {}
+        self.extra: dict[int, int] = {}
+        self.grads: dict[int, int] = {}
+        self.measuring = False
+        self.loss = float("nan")
+
+    def value_of(self, original: Tensor) -> Tensor:
+        k = self.graph.index_of.get(id(original))
+        if k is None:
+            return original  # a leaf: the same Tensor, so grads land where the user looks
+        t = self.tensors[k]
+        if t is None or t.value is None:
+            raise GraphError(f"execute: node {k} ({self.graph.nodes[k].op}) is read but not resident")
+        return t
+
+    def compute(self, k: int) -> None:
+        node = self.graph.nodes[k]
+        t = self.tensors[k]
+        if self.measuring:
+            tracemalloc.reset_peak()
+        if t is None:  # first time: with a graph, so it gets its backward closure
+            with phase("forward"):
+                self.tensors[k] = node.call.run(self.value_of)
+        else:
+            with no_grad(), phase("recompute"):
+                t.value = node.call.run(self.value_of).value
+        if self.measuring:
+            now, peak = tracemalloc.get_traced_memory()
+            self.workspace[k] = max(0, peak - now)
+        self.resident.add(k)
+        self.memory.compute(k)
+        if k == self.graph.loss:
+            self.loss = float(self.tensors[k].value.item())
+
+    def free(self, k: int) -> None:
+        self.tensors[k].value = None
+        self.resident.discard(k)
+        self.memory.free(k)
+
+    def backward(self, j: int) -> None:
+        step = self.graph.steps[j]
+        t = self.tensors[step.node]
+        if step.node == self.graph.loss:
+            t.grad = np.ones(t.shape, t.dtype)
+        if self.measuring:
+            self.grads[j] = self._grad_bytes()
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+        self.memory.backward(j)
+        backward_step(t)
+        self.done.add(step.node)
+        if self.measuring:
+            self.extra[j] = max(0, tracemalloc.get_traced_memory()[1] - before)
+
+    def _grad_bytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for t in [*self.tensors, *self.graph.leaves]:
+            g = None if t is None else t.grad
+            while g is not None and g.base is not None:
+                g = g.base
+            if g is not None and id(g) not in seen:
+                seen.add(id(g))
+                total += g.nbytes
+        return total
+
+    def run(self, R: np.ndarray, S: np.ndarray) -> float:
+        stage = -1
+        for kind, t, x in events(self.graph, R, S):
+            if t != stage:
+                stage = t
+                self.memory.stage(t)
+            getattr(self, kind)(x)
+        return self.loss
+
+
+def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The schedule with no rematerialization: compute each node once, keep it to the end."""
+    T, n = graph.stages, graph.n
+    R = np.zeros((T, n), dtype=bool)
+    S = np.zeros((T, n), dtype=bool)
+    for t in range(n):
+        R[t, t] = True
+        S[t + 1:, t] = True
+    return R, S
+
+
+def measure(graph: Graph) -> None:
+    """Run the step once, keeping everything, to measure what no plan changes: each node's
+    workspace, the grads alive before each backward step and each step's transient bytes.
+    The leaves' grads are put back as they were."""
+    saved = [leaf.grad for leaf in graph.leaves]
+    for leaf in graph.leaves:
+        leaf.grad = None
+    run = _Run(graph)
+    run.measuring = True
+    try:
+        run.run(*keep_all(graph))
+    finally:
+        for leaf, grad in zip(graph.leaves, saved):
+            leaf.grad = grad
+    for k, node in enumerate(graph.nodes):
+        node.workspace_bytes = run.workspace.get(k, 0)
+    for j, step in enumerate(graph.steps):
+        step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), run.extra.get(j, 0)
+
+
+def execute(schedule) -> Execution:
+    """Run forward and backward as ``schedule`` says; measure the peak (tracemalloc, the leaves
+    copied in so that they count) and the recomputed FLOPs (count_ops)."""
+    start = time.perf_counter()
+    with traced(schedule.graph) as measured:
+        run = _Run(schedule.graph)
+        loss = run.run(schedule.R, schedule.S)
+        del run
+    return Execution(measured.peak_bytes, measured.recompute_flops, schedule.predicted_peak_bytes,
+                     time.perf_counter() - start, loss)
+
+
+@dataclass
+class Measured:
+    peak_bytes: int = 0
+    recompute_flops: int = 0
+
+
+@contextlib.contextmanager
+def traced(graph: Graph) -> Iterator[Measured]:
+    """Trace a run of ``graph``: tracemalloc from here, the leaves copied in so that they count
+    (and put back after), and count_ops for the recomputed FLOPs."""
+    originals = [leaf.value for leaf in graph.leaves]
+    measured = Measured()
+    trace.start_trace()
+    try:
+        for leaf in graph.leaves:
+            leaf.value = leaf.value.copy()
+        with trace.count_ops() as counts:
+            yield measured
+        measured.peak_bytes = int(trace.snapshot_trace().peak_bytes)
+        measured.recompute_flops = int(counts.flops["recompute"])
+    finally:
+        for leaf, value in zip(graph.leaves, originals):
+            leaf.value = value
+        trace.end_trace()

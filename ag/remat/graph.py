@@ -1,0 +1,387 @@
+"""One training step as a graph: ``capture(fn, *inputs)`` runs ``fn`` once and records every op
+output it makes, the way Checkmate sees a model (Jain et al. 2020).
+
+A node is one op output. It knows its bytes, its forward FLOPs (as ``count_ops`` counts them),
+the nodes among its arguments (``deps``), and how to be computed again: every ag op is a
+function, so capture keeps the function and the arguments it held when it made its output,
+and any node can be recomputed by calling its op once more on its inputs' values.
+
+A backward step is one node's ``_backward``: it reads the values the op declared (``saves=``,
+and the output where ``saves_output``). What the closure keeps beside them (dropout's mask,
+flash attention's logsumexp) lives from the node's first computation to its backward step,
+whatever the plan: a captured graph has no seed to draw a mask again from.
+
+Capture also runs the step once with everything kept (``execute``'s own code path) to measure
+what no plan changes: each op's transient workspace, the grads alive at each backward step and
+each step's transient bytes. ``ag.remat.model`` turns these into one memory model, shared by
+every planner and by ``execute``.
+"""
+from __future__ import annotations
+
+import sys
+import tracemalloc
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..tensor import Tensor, config, observe_ops
+from ..trace import count_ops
+
+
+class CaptureError(ValueError):
+    """``fn`` cannot be captured: it returns no scalar loss with a graph, or calls an op ag cannot re-run."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """An op and the arguments it ran with: the node's recipe."""
+
+    fn: Callable
+    args: tuple
+    kwargs: dict
+
+    def run(self, value_of: Callable[[Tensor], Tensor]):
+        """Call the op again, each Tensor argument replaced by ``value_of(tensor)`` and each array
+        argument by a copy (a dropout mask is drawn again: the same bits, in new memory)."""
+        out = self.fn(*_swap(self.args, value_of), **{k: _swap(v, value_of) for k, v in self.kwargs.items()})
+        return out[0] if isinstance(out, tuple) else out
+
+    def tensors(self) -> list[Tensor]:
+        found: list[Tensor] = []
+
+        def walk(x) -> None:
+            if isinstance(x, Tensor):
+                found.append(x)
+            elif isinstance(x, (list, tuple)):
+                for item in x:
+                    walk(item)
+        walk(self.args)
+        walk(tuple(self.kwargs.values()))
+        return found
+
+
+def _swap(x, value_of):
+    """x with its Tensors replaced and its arrays copied (a module function, not a closure: a
+    recursive closure is a reference cycle, garbage that tracemalloc would count until gc runs)."""
+    if isinstance(x, Tensor):
+        return value_of(x)
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, (list, tuple)):
+        return type(x)([_swap(item, value_of) for item in x])
+    return x
+
+
+@dataclass(eq=False)
+class Node:
+    """One op output of the captured step."""
+
+    index: int
+    op: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    bytes: int              # its own buffer; 0 for a view of another node's
+    hidden_bytes: int       # arrays its backward closure keeps (a mask, a logsumexp), until its backward step
+    flops: int
+    deps: tuple[int, ...]   # the nodes among its arguments
+    view_of: int | None     # the node whose buffer it views
+    has_backward: bool
+    scope: tuple[str, ...]  # the functions it was made in, outermost first
+    call: Call
+    workspace_bytes: int = 0  # transient bytes while it is computed, above what it leaves behind
+
+    @property
+    def size(self) -> int:
+        """What keeping its value costs (a view: nothing, its base pays)."""
+        return self.bytes
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}:{self.op}"
+
+
+@dataclass(eq=False)
+class BackwardStep:
+    """One node's backward step, and what it needs and costs whatever the plan."""
+
+    node: int
+    reads: tuple[int, ...]  # nodes that must be resident when it runs
+    grad_bytes: int = 0     # grads alive just before it
+    extra_bytes: int = 0    # its transient peak above the bytes alive before it
+
+
+@dataclass(eq=False)
+class Graph:
+    """A captured training step: nodes in the order the forward made them, backward steps in the
+    order ``backward()`` runs them, and the leaves (inputs and parameters) they read."""
+
+    nodes: list[Node]
+    steps: list[BackwardStep]
+    leaves: list[Tensor]
+    loss: int
+    originals: list[Tensor] = field(default_factory=list, repr=False)  # the capture run's node tensors
+    users: list[tuple[int, ...]] = field(init=False)
+    storage_of: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for node in self.nodes:
+            for d in node.deps:
+                users[d].append(node.index)
+        self.users = [tuple(u) for u in users]
+        self.index_of = {id(t): k for k, t in enumerate(self.originals)}
+        self.storage_of = []
+        for node in self.nodes:  # a view keeps its base's buffer alive
+            self.storage_of.append(node.index if node.view_of is None else self.storage_of[node.view_of])
+
+    @property
+    def n(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def stages(self) -> int:
+        """Checkmate's frontier-advancing stages: one per node in forward, one per backward step."""
+        return len(self.nodes) + len(self.steps)
+
+    @property
+    def leaf_bytes(self) -> int:
+        return int(sum(t.nbytes for t in self.leaves))
+
+    @property
+    def forward_flops(self) -> int:
+        return int(sum(node.flops for node in self.nodes))
+
+    @property
+    def no_remat_peak_hint(self) -> int:
+        """Every node's size plus the leaves: what keeping everything to the end could hold at most."""
+        return self.leaf_bytes + sum(node.size + node.hidden_bytes for node in self.nodes)
+
+    def step_of(self, node: int) -> int | None:
+        for j, step in enumerate(self.steps):
+            if step.node == node:
+                return j
+        return None
+
+    def views(self, index: int) -> list[int]:
+        """The nodes that view ``index``'s buffer, directly or through other views."""
+        return [v.index for v in self.nodes if v.view_of is not None and v.index != index
+                and self.storage_of[v.index] == self.storage_of[index] and v.index > index]
+
+    def with_bases(self, indices) -> set[int]:
+        """``indices`` and every node whose buffer one of them views."""
+        out: set[int] = set()
+        for i in indices:
+            while i is not None and i not in out:
+                out.add(i)
+                i = self.nodes[i].view_of
+        return out
+
+    def summary(self) -> str:
+        mb = 1e6
+        return (f"{self.n} nodes, {len(self.steps)} backward steps, {self.forward_flops:,} forward FLOPs, "
+                f"values {sum(n.size for n in self.nodes) / mb:.2f} MB, leaves {self.leaf_bytes / mb:.2f} MB")
+
+    def draw(self, ax=None, *, schedule=None):
+        """Nodes left to right in forward order (area ∝ bytes, colour by op), an arc per edge,
+        matplotlib; with ``schedule``, its R (computed) and S (kept) matrices below, as Checkmate draws them."""
+        import matplotlib.pyplot as plt
+        if ax is None:
+            rows = 2 if schedule is not None else 1
+            fig, axes = plt.subplots(rows, 1, figsize=(10, 3 + 4 * (rows - 1)), squeeze=False)
+            ax = axes[0][0]
+            if schedule is not None:
+                schedule.draw(axes[1][0])
+        ops = sorted({node.op for node in self.nodes})
+        colours = {op: plt.get_cmap("tab20")(i % 20) for i, op in enumerate(ops)}
+        biggest = max((node.size for node in self.nodes), default=1) or 1
+        for node in self.nodes:
+            for d in node.deps:
+                mid, height = (node.index + d) / 2, (node.index - d) / 2
+                arc = np.linspace(0, np.pi, 30)
+                ax.plot(mid + height * np.cos(arc), 0.15 * height * np.sin(arc), lw=0.6, color="0.6", zorder=1)
+        ax.scatter([n.index for n in self.nodes], [0] * self.n, zorder=2,
+                   s=[20 + 300 * n.size / biggest for n in self.nodes],
+                   c=[colours[n.op] for n in self.nodes], edgecolors="k", linewidths=0.4)
+        for op in ops:
+            ax.scatter([], [], color=colours[op], label=op)
+        ax.legend(ncol=min(6, len(ops)), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.05), frameon=False)
+        ax.set_yticks([])
+        ax.set_title(f"captured step: {self.summary()}", fontsize=9)
+        return ax
+
+
+def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
+    """Run ``fn(*inputs)`` once and return its graph; ``fn`` must return a scalar loss with a graph.
+
+    The leaves' grads are left as they were: the measuring run's grads are thrown away.
+    """
+    recorder = _Recorder()
+    owns_tracing = not tracemalloc.is_tracing()
+    if owns_tracing:
+        tracemalloc.start(1)
+    try:
+        with count_ops() as recorder.counts, observe_ops(recorder):
+            loss = fn(*inputs)
+        graph = recorder.graph(loss)
+        from .execute import measure
+        measure(graph)
+    finally:
+        if owns_tracing:
+            tracemalloc.stop()
+    return graph
+
+
+class _Recorder:
+    """``observe_ops``'s callback: one entry per op output, read in the op's own frame."""
+
+    def __init__(self) -> None:
+        self.counts = None
+        self.entries: list[tuple[Tensor, dict[str, Any]]] = []
+        self.flops_seen = 0
+
+    def __call__(self, output: Tensor) -> None:
+        if not config.grad_enabled:
+            return  # an op inside another that runs without a graph (checkpoint): the outer node owns it
+        frame = sys._getframe(2)  # this ← make_output ← the op
+        flops = int(sum(self.counts.flops.values()))
+        call = _call_of(frame)
+        source = None
+        if output.value.base is not None:  # a view of one of its arguments?
+            source = next((t for t in call.tensors() if _shares(output, t)), None)
+        entry = {"call": call, "flops": flops - self.flops_seen, "scope": _scope(frame.f_back),
+                 "hidden": _closure_bytes(output._backward), "bytes": int(output.nbytes), "source": source}
+        self.flops_seen = flops
+        self.entries.append((output, entry))
+
+    def graph(self, loss) -> Graph:
+        if not isinstance(loss, Tensor):
+            raise CaptureError(f"capture: fn returned {type(loss).__name__}, expected a scalar Tensor loss")
+        if loss.size != 1:
+            raise CaptureError(f"capture: fn returned a tensor of shape {loss.shape}; the loss must be a scalar")
+        if not loss.requires_grad:
+            raise CaptureError("capture: the loss does not require grad: no input or parameter of fn has "
+                               "requires_grad=True, so there is no backward to plan")
+        made = {id(t): k for k, (t, _) in enumerate(self.entries)}
+        if id(loss) not in made:
+            raise CaptureError("capture: the loss was not made by an op inside fn")
+        keep = _ancestors(made[id(loss)], self.entries, made)
+        index = {old: new for new, old in enumerate(keep)}
+        tensors = [self.entries[old][0] for old in keep]
+        nodes, leaves, seen_leaves = [], [], set()
+        for new, old in enumerate(keep):
+            t, e = self.entries[old]
+            deps = []
+            for arg in e["call"].tensors():
+                if id(arg) in made and made[id(arg)] in index:
+                    d = index[made[id(arg)]]
+                    if d not in deps:
+                        deps.append(d)
+                elif id(arg) not in made and id(arg) not in seen_leaves:
+                    seen_leaves.add(id(arg))
+                    leaves.append(arg)
+            source = e["source"]
+            view_of = index.get(made.get(id(source), -1)) if source is not None else None
+            nodes.append(Node(new, t.op, tuple(t.shape), np.dtype(t.dtype), 0 if source is not None else e["bytes"],
+                              e["hidden"], e["flops"], tuple(deps), view_of,
+                              t._backward is not None, e["scope"], e["call"]))
+        position = {id(t): k for k, t in enumerate(tensors)}
+        steps = _backward_steps(loss, nodes, position)
+        graph = Graph(nodes, steps, leaves, index[made[id(loss)]], tensors)
+        for t in tensors:  # the capture run is done with: its values and closures go (a Call keeps what it needs)
+            t.value, t._backward, t._saved, t.inputs = None, None, (), ()
+        return graph
+
+
+def _call_of(frame) -> Call:
+    """The op running in ``frame`` and the arguments it holds now (normalised ones: a number
+    lifted to a Tensor, a drawn dropout mask), enough to run it again."""
+    code = frame.f_code
+    fn = frame.f_globals.get(code.co_name)
+    if getattr(fn, "__code__", None) is not code:
+        raise CaptureError(f"capture: op {code.co_qualname} is not a module-level function, so its output "
+                           "cannot be recomputed by calling it again")
+    n_pos, n_kw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    local = frame.f_locals
+    args = [local[name] for name in names[:n_pos]]
+    kwargs = {name: local[name] for name in names[n_pos:n_pos + n_kw]}
+    if code.co_flags & 0x04:  # CO_VARARGS
+        args.extend(local[names[n_pos + n_kw]])
+    return Call(fn, tuple(args), kwargs)
+
+
+def _scope(frame) -> tuple[str, ...]:
+    """The functions the op ran in, outermost first; a method (or a closure over ``self``) is
+    named with its object, ``TransformerLayer.forward_with.<locals>.forward@7f..``, so that two
+    layers of one class are two scopes."""
+    names = []
+    while frame is not None and frame.f_code.co_name != "capture":
+        owner = frame.f_locals.get("self")
+        names.append(frame.f_code.co_qualname + (f"@{id(owner):x}" if owner is not None else ""))
+        frame = frame.f_back
+    return tuple(reversed(names))
+
+
+def _closure_bytes(closure) -> int:
+    """Bytes of the arrays a backward closure keeps (not Tensors' values: those are nodes or leaves)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [closure]
+    visited: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in visited:
+            continue
+        visited.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while base.base is not None:
+                base = base.base
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+        elif callable(obj) and getattr(obj, "__closure__", None):
+            stack.extend(cell.cell_contents for cell in obj.__closure__ if _filled(cell))
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _shares(a: Tensor, b: Tensor) -> bool:
+    return a.value is not None and b.value is not None and np.shares_memory(a.value, b.value)
+
+
+def _ancestors(root: int, entries, made: dict[int, int]) -> list[int]:
+    keep, stack = {root}, [root]
+    while stack:
+        k = stack.pop()
+        for arg in entries[k][1]["call"].tensors():
+            d = made.get(id(arg))
+            if d is not None and d not in keep:
+                keep.add(d)
+                stack.append(d)
+    return sorted(keep)
+
+
+def _backward_steps(loss: Tensor, nodes: list[Node], position: dict[int, int]) -> list[BackwardStep]:
+    """The nodes whose ``_backward`` runs, in ``backward()``'s order, with what each reads."""
+    from ..tensor import topological_sort
+    steps = []
+    for t in reversed(topological_sort(loss)):
+        k = position.get(id(t))
+        if k is None or t._backward is None:
+            continue
+        reads = [position[id(s)] for s in t._saved if id(s) in position]
+        if t._saves_output:
+            reads.append(k)
+        steps.append(BackwardStep(k, tuple(sorted(set(reads)))))
+    return steps

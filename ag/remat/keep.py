@@ -1,0 +1,164 @@
+"""Schedules that keep a fixed set of nodes: the chain planners of ``plans`` and NeMo's
+recomputation modes, written as Checkmate schedules on a captured graph so that every strategy
+is priced by one memory model and run by one ``execute``.
+
+``from_keep(graph, keep)``: forward computes every node once and keeps, past its last forward
+use, only the nodes in ``keep`` that backward reads. A backward step whose reads are gone
+recomputes them from the nearest resident ancestors (leaves at worst), and keeps what it
+recomputed while a later step still reads it: one replay per segment, as ``sequential`` does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph
+from .model import prune
+from .plans import plan
+from .schedule import Schedule
+
+
+def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
+    """The schedule that keeps ``keep`` (node indices) from forward to backward."""
+    T, n = graph.stages, graph.n
+    bad = [k for k in keep if not (isinstance(k, (int, np.integer)) and 0 <= k < n)]
+    if bad:
+        raise ValueError(f"from_keep: {bad} are not node indices in 0..{n - 1}")
+    keep = graph.with_bases(int(k) for k in keep)
+    reads = [graph.with_bases(step.reads) for step in graph.steps]
+    last_read = {i: n + j for j, r in enumerate(reads) for i in r}  # later steps overwrite: the last one
+    last_user = {i: max(graph.users[i], default=-1) for i in range(n)}
+    for i in range(n):  # a view's users keep its base's buffer in use
+        for v in graph.views(i):
+            last_user[i] = max(last_user[i], last_user[v])
+    R = np.zeros((T, n), dtype=bool)
+    S = np.zeros((T, n), dtype=bool)
+    resident: set[int] = set()
+    recomputed: set[int] = set()
+    for t in range(T):
+        S[t, sorted(resident)] = True
+        if t < n:
+            computes = {t}
+        else:
+            computes = _missing(graph, reads[t - n], resident)
+            recomputed |= computes
+        R[t, sorted(computes)] = True
+        resident |= computes
+        resident = graph.with_bases(i for i in resident if _wanted(i, t, n, keep, recomputed, last_user, last_read))
+    return Schedule(graph, R, S, planner)
+
+
+def _wanted(i: int, t: int, n: int, keep: set[int], recomputed: set[int], last_user: dict, last_read: dict) -> bool:
+    """Is node i kept from stage t into t + 1?"""
+    if t < n - 1 and last_user[i] > t:
+        return True
+    return (i in keep or i in recomputed) and last_read.get(i, -1) > t
+
+
+def _missing(graph: Graph, wanted: set[int], resident: set[int]) -> set[int]:
+    """The nodes to compute so that ``wanted`` is resident: each missing one and, recursively,
+    its missing inputs."""
+    out: set[int] = set()
+    stack = [i for i in wanted if i not in resident]
+    while stack:
+        i = stack.pop()
+        if i in out:
+            continue
+        out.add(i)
+        stack.extend(d for d in graph.nodes[i].deps if d not in resident and d not in out)
+    return out
+
+
+def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
+    """A schedule that keeps what ``S_wanted`` asks for and computes whatever that needs:
+    the second phase of Checkmate's LP rounding."""
+    T, n = graph.stages, graph.n
+    R = np.zeros((T, n), dtype=bool)
+    S = np.zeros((T, n), dtype=bool)
+    resident: set[int] = set()
+    for t in range(T):
+        S[t, sorted(resident)] = True
+        wanted = set(graph.steps[t - n].reads) if t >= n else {t} | set(graph.nodes[t].deps)
+        if t + 1 < T:
+            wanted |= set(np.flatnonzero(S_wanted[t + 1]).tolist())
+        if t < n:
+            wanted = {i for i in wanted if i <= t}
+        computes = _missing(graph, wanted, resident)
+        if t < n:
+            computes.add(t)
+        R[t, sorted(computes)] = True
+        resident |= computes
+        keep_next = set(np.flatnonzero(S_wanted[t + 1]).tolist()) if t + 1 < T else set()
+        if t < n - 1:  # forward: a node its later users read stays, as in from_keep
+            keep_next |= {i for i in resident if max(graph.users[i], default=-1) > t}
+        resident = graph.with_bases(i for i in resident if i in keep_next)
+    return Schedule(graph, *prune(graph, R, S), planner)
+
+
+# ---- the chain planners, on a graph taken as a chain of its nodes ----
+
+def chain_schedule(graph: Graph, strategy: str, *, num_layers: int | None = None,
+                   budget_bytes: int | None = None) -> Schedule:
+    """``plans.plan``'s strategies on the graph's nodes in forward order, as one chain.
+
+    ``greedy`` and ``optimal`` plan in ``predict``'s chain model, whose bytes differ from the
+    graph's: they are tried at a range of chain budgets, and the plan that recomputes least
+    while its graph prediction fits ``budget_bytes`` is returned.
+    """
+    n = graph.n
+    if strategy in ("greedy", "optimal"):
+        if budget_bytes is None:
+            raise ValueError(f"chain_schedule: strategy {strategy!r} needs budget_bytes=")
+        sizes = [max(1, node.size) for node in graph.nodes]
+        from .cost import ChainProfile
+        chain = ChainProfile(tuple(sizes), tuple(max(1, node.flops) for node in graph.nodes))
+        best = None
+        for chain_budget in np.unique(np.geomspace(max(sizes), 3 * sum(sizes), 40).astype(np.int64)):
+            try:
+                kept = plan(n, strategy, chain=chain, budget_bytes=int(chain_budget))
+            except ValueError:
+                continue
+            s = from_keep(graph, kept, strategy)
+            if s.predicted_peak_bytes <= budget_bytes and (best is None or s.recompute_flops < best.recompute_flops):
+                best = s
+        if best is None:
+            raise ValueError(f"chain_schedule: no {strategy} plan fits {budget_bytes:,} bytes on this graph")
+        best.budget_bytes = budget_bytes
+        return best
+    kept = plan(n, strategy, num_layers=num_layers)
+    return from_keep(graph, kept, strategy if num_layers is None else f"{strategy} ({num_layers})")
+
+
+# ---- NeMo's recomputation modes, found by where each node was made ----
+
+CORE = "MultiHeadAttention._core.<locals>.core"
+LAYER = "LayerRun.__call__"
+
+
+def nemo(graph: Graph, granularity: str) -> Schedule:
+    """NeMo's ``activations_checkpoint_granularity`` on a graph captured from ``nn`` layers
+    with none: "selective" drops the attention core's values (recomputed from Q, K, V in
+    backward), "full" keeps only each layer's output (the next layer's input)."""
+    if granularity == "selective":
+        core = {node.index for node in graph.nodes if any(s.startswith(CORE) for s in node.scope)}
+        if not core:
+            raise ValueError("nemo: no node of this graph was made in an attention core; "
+                             "capture an nn.TransformerLayer or Transformer")
+        outputs = _last_of_each(graph, CORE)
+        return from_keep(graph, [i for i in range(graph.n) if i not in core or i in outputs], "selective")
+    if granularity == "full":
+        outputs = _last_of_each(graph, LAYER)
+        if not outputs:
+            raise ValueError("nemo: no node of this graph was made in a transformer layer; "
+                             "capture an nn.TransformerLayer or Transformer")
+        return from_keep(graph, sorted(outputs), "full")
+    raise ValueError(f"nemo: granularity must be 'selective' or 'full', got {granularity!r}")
+
+
+def _last_of_each(graph: Graph, prefix: str) -> set[int]:
+    """The last node made in each call of the scope ``prefix`` (one per object)."""
+    last: dict[str, int] = {}
+    for node in graph.nodes:
+        for s in node.scope:
+            if s.startswith(prefix):
+                last[s] = node.index
+    return set(last.values())

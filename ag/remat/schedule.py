@@ -1,0 +1,74 @@
+"""A schedule as data: Checkmate's R (computed) and S (kept) matrices over stages, whichever
+planner made it; ``model.simulate`` prices it and ``execute`` runs it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .graph import Graph
+from .model import Prediction, simulate
+
+
+@dataclass(eq=False)
+class Schedule:
+    """Stage by stage, which nodes are computed (``R``) and which are kept into the stage (``S``).
+
+    ``status`` is "optimal" when the planner proved it, "feasible" when a time limit stopped the
+    proof (then ``gap`` and ``lower_bound``, the best bound on recompute FLOPs, say how far it
+    can be), and "heuristic" for planners that prove nothing.
+    """
+
+    graph: Graph
+    R: np.ndarray
+    S: np.ndarray
+    planner: str
+    budget_bytes: int | None = None
+    status: str = "heuristic"
+    gap: float | None = None
+    lower_bound: float | None = None
+    solve_seconds: float = 0.0
+    prediction: Prediction = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.R = np.asarray(self.R, dtype=bool)
+        self.S = np.asarray(self.S, dtype=bool)
+        self.prediction = simulate(self.graph, self.R, self.S)
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.prediction.peak_bytes
+
+    @property
+    def recompute_flops(self) -> int:
+        return self.prediction.recompute_flops
+
+    def recomputed(self) -> list[int]:
+        """The nodes computed more than once."""
+        return [int(i) for i in np.flatnonzero(self.R.sum(axis=0) > 1)]
+
+    def dropped(self) -> list[int]:
+        """The nodes some backward step reads that are not kept from forward to that step."""
+        n, out = self.graph.n, []
+        for j, step in enumerate(self.graph.steps):
+            for i in step.reads:
+                if not self.S[n + j, i] and i not in out:
+                    out.append(i)
+        return sorted(out)
+
+    def __repr__(self) -> str:
+        return (f"Schedule({self.planner}, {self.status}, predicted peak {self.predicted_peak_bytes:,} B, "
+                f"recompute {self.recompute_flops:,} FLOPs)")
+
+    def draw(self, ax=None):
+        """R and S as one image: dark = computed in that stage, light = kept into it."""
+        import matplotlib.pyplot as plt
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 6))
+        image = np.where(self.R, 2, np.where(self.S, 1, 0))
+        ax.imshow(image, cmap=plt.get_cmap("Greys"), vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+        ax.axhline(self.graph.n - 0.5, color="tab:red", lw=0.8)
+        ax.set_xlabel("node")
+        ax.set_ylabel("stage (forward above the line, backward below)")
+        ax.set_title(f"{self.planner}: R (dark) and S (light)", fontsize=9)
+        return ax
