@@ -67,31 +67,36 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
                   bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi),
                   options={"time_limit": float(time_limit), "mip_rel_gap": 1e-9, "disp": False})
     seconds = time.perf_counter() - start
-    if result.x is None:
-        if result.status == 2:
-            raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                             f"the smallest feasible budget is at least {floor:,} bytes")
-        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before HiGHS found any "
-                           f"schedule for {graph.n} nodes at {budget:,} bytes; raise time_limit or relax=True")
+    if result.x is None and result.status == 2:
+        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                         f"the smallest feasible budget is at least {floor:,} bytes")
     if relax:
+        if result.x is None:
+            raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
+                               "LP relaxation was solved; raise time_limit")
         return _round(graph, program, result.x, result.fun, budget, seconds)
-    R, S = prune(graph, *program.matrices(result.x))
-    schedule = Schedule(graph, R, S, "checkmate", budget, "optimal" if result.status == 0 else "feasible",
-                        solve_seconds=seconds)
     bound = getattr(result, "mip_dual_bound", None)
-    if bound is not None and np.isfinite(bound):
-        schedule.lower_bound = max(0.0, program.unscale(bound) - graph.forward_flops)
-        spent = schedule.recompute_flops
-        schedule.gap = 0.0 if spent == 0 else max(0.0, (spent - schedule.lower_bound) / spent)
-    if schedule.status == "optimal":
-        schedule.gap = 0.0
-        return schedule
-    return _best_known(graph, schedule, budget)
+    bound = max(0.0, program.unscale(bound) - graph.forward_flops) if bound is not None and np.isfinite(bound) else None
+    if result.x is not None:
+        schedule = Schedule(graph, *prune(graph, *program.matrices(result.x)), "checkmate", budget,
+                            "optimal" if result.status == 0 else "feasible", solve_seconds=seconds)
+        if schedule.status == "optimal":
+            schedule.gap, schedule.lower_bound = 0.0, float(schedule.recompute_flops)
+            return schedule
+    else:
+        schedule = None
+    best = _best_known(graph, schedule, budget, seconds, bound)
+    if best is None:
+        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before HiGHS found any "
+                           f"schedule for {graph.n} nodes at {budget:,} bytes, and no fixed plan fits; "
+                           "raise time_limit or try relax=True")
+    return best
 
 
-def _best_known(graph: Graph, found: Schedule, budget: int) -> Schedule:
-    """Stopped by the time limit: the best of what HiGHS found and the fixed plans that fit,
-    as an incumbent would have been, with the gap against HiGHS' bound."""
+def _best_known(graph: Graph, found: Schedule | None, budget: int, seconds: float,
+                bound: float | None) -> Schedule | None:
+    """Stopped by the time limit: the best of what HiGHS found and the fixed plans that fit (the
+    incumbents a solver could have been started from), with the gap to HiGHS' bound."""
     from .keep import chain_schedule, nemo
     best = found
     for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
@@ -100,14 +105,14 @@ def _best_known(graph: Graph, found: Schedule, budget: int) -> Schedule:
             s = make()
         except ValueError:
             continue
-        if s.predicted_peak_bytes <= budget and s.recompute_flops < best.recompute_flops:
+        if s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
             best = s
-    if best is not found:
-        best = Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=found.solve_seconds)
-        best.lower_bound = found.lower_bound
-        spent = best.recompute_flops
-        bound = found.lower_bound or 0.0
-        best.gap = 0.0 if spent == 0 else max(0.0, (spent - bound) / spent)
+    if best is None:
+        return None
+    best = Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds)
+    best.lower_bound = 0.0 if bound is None else bound  # no bound from HiGHS: only the trivial one
+    spent = best.recompute_flops
+    best.gap = 0.0 if spent == 0 else max(0.0, (spent - best.lower_bound) / spent)
     return best
 
 

@@ -62,41 +62,63 @@ def events(graph: Graph, R: np.ndarray, S: np.ndarray) -> Iterator[tuple[str, in
         if t < n and (t not in computes or max(computes) > t):
             raise ScheduleError(f"schedule: forward stage {t} must compute node {t} and nothing after it, "
                                 f"computes {computes}")
-        step = stage_step(graph, t)
-        reads = graph.with_bases(graph.steps[step].reads) if step is not None else set()
         keep_next = set(np.flatnonzero(S[t + 1]).tolist()) if t + 1 < T else set()
-        last_use: dict[int, int] = {}
-        for p, k in enumerate(computes):
-            for d in graph.with_bases(graph.nodes[k].deps) | {k}:
-                last_use[d] = p
-        for d in reads:
-            last_use[d] = len(computes)
-        for d in sorted(resident - keep_next - set(last_use)):
-            resident.discard(d)
-            yield "free", t, d
-        for p, k in enumerate(computes):
-            if k in resident:
-                raise ScheduleError(f"schedule: stage {t} computes node {k}, which is already resident")
-            missing = [d for d in graph.nodes[k].deps if d not in resident]
-            if missing:
-                raise ScheduleError(f"schedule: stage {t} computes node {k} ({graph.nodes[k].op}) but its "
-                                    f"inputs {missing} are not resident")
-            resident.add(k)
-            yield "compute", t, k
-            for d in sorted(graph.with_bases(graph.nodes[k].deps) | {k}):
-                if last_use.get(d) == p and d not in keep_next and d in resident:
-                    resident.discard(d)
-                    yield "free", t, d
-        if step is not None:
-            missing = sorted(set(graph.steps[step].reads) - resident)
-            if missing:
-                node = graph.steps[step].node
-                raise ScheduleError(f"schedule: backward step {step} (of node {node}, "
-                                    f"{graph.nodes[node].op}) reads nodes {missing}, which are not resident")
-            yield "backward", t, step
-        for d in sorted(resident - keep_next):
-            resident.discard(d)
-            yield "free", t, d
+        yield from stage_events(graph, t, resident, computes, keep_next)
+
+
+def stage_events(graph: Graph, t: int, resident: set[int], computes: list[int],
+                 keep_next: set[int]) -> Iterator[tuple[str, int, int]]:
+    """One stage's events (rules 1 to 4), ``resident`` updated as they happen."""
+    step = stage_step(graph, t)
+    reads = graph.with_bases(graph.steps[step].reads) if step is not None else set()
+    last_use: dict[int, int] = {}
+    for p, k in enumerate(computes):
+        for d in graph.with_bases(graph.nodes[k].deps) | {k}:
+            last_use[d] = p
+    for d in reads:
+        last_use[d] = len(computes)
+    for d in sorted(resident - keep_next - set(last_use)):
+        resident.discard(d)
+        yield "free", t, d
+    for p, k in enumerate(computes):
+        if k in resident:
+            raise ScheduleError(f"schedule: stage {t} computes node {k}, which is already resident")
+        missing = [d for d in graph.nodes[k].deps if d not in resident]
+        if missing:
+            raise ScheduleError(f"schedule: stage {t} computes node {k} ({graph.nodes[k].op}) but its "
+                                f"inputs {missing} are not resident")
+        resident.add(k)
+        yield "compute", t, k
+        for d in sorted(graph.with_bases(graph.nodes[k].deps) | {k}):
+            if last_use.get(d) == p and d not in keep_next and d in resident:
+                resident.discard(d)
+                yield "free", t, d
+    if step is not None:
+        missing = sorted(set(graph.steps[step].reads) - resident)
+        if missing:
+            node = graph.steps[step].node
+            raise ScheduleError(f"schedule: backward step {step} (of node {node}, "
+                                f"{graph.nodes[node].op}) reads nodes {missing}, which are not resident")
+        yield "backward", t, step
+    for d in sorted(resident - keep_next):
+        resident.discard(d)
+        yield "free", t, d
+
+
+def stage_peak(graph: Graph, t: int, kept, computes, keep_next) -> int:
+    """The model's peak over stage t alone, given what it keeps in, computes and hands on
+    (what a search over schedules needs: a stage's peak depends on nothing else)."""
+    memory = Memory(graph)
+    n = graph.n
+    memory.made = set(range(t)) if t < n else set(range(n))
+    memory.hidden = sum(graph.nodes[i].hidden_bytes for i in memory.made)
+    if t >= n:
+        memory.hidden -= sum(graph.nodes[step.node].hidden_bytes for step in graph.steps[:t - n])
+    memory.values = sum(graph.nodes[i].size for i in kept)
+    memory.stage(t)
+    for kind, _, x in stage_events(graph, t, set(kept), sorted(computes), set(keep_next)):
+        getattr(memory, kind)(x)
+    return memory.peak
 
 
 class Memory:

@@ -1,0 +1,487 @@
+"""Rematerialization on any graph: capture, one memory model, execute, Checkmate's MILP, revolve,
+DTR, and the fixed plans as schedules (issue 12)."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import ag
+from ag import memory_model, nn, remat
+from ag.remat.model import stage_peak
+
+if os.environ.get("AG_REQUIRE_SOLVER"):
+    import scipy  # noqa: F401  (CI installs the solver extra: nothing here may skip)
+else:
+    pytest.importorskip("scipy", reason="checkmate needs the solver extra (scipy's HiGHS)")
+
+
+# ---- the test graphs: each a function returning (fn, inputs, leaves_with_grad, twin) ----
+
+def residual_mlp(seed: int = 0, blocks: int = 4):
+    rng = np.random.default_rng(seed)
+    x = ag.Tensor(rng.standard_normal((256, 128)).astype(np.float32))
+    ws = [ag.Tensor((rng.standard_normal((128, 128)) * 0.1).astype(np.float32), requires_grad=True)
+          for _ in range(blocks)]
+
+    def fn(x):
+        h = x
+        for w in ws:
+            h = h + ag.relu(h @ w)
+        return ag.sum(h * h)
+    return fn, (x,), ws
+
+
+def unet(seed: int = 0):
+    """Down 128 → 64 → 32, up 32 → 64 → 128 with long skip connections across the bottleneck."""
+    rng = np.random.default_rng(seed)
+    x = ag.Tensor(rng.standard_normal((256, 128)).astype(np.float32))
+    shapes = [(128, 128), (128, 64), (64, 32), (32, 64), (64, 128), (128, 128)]
+    ws = [ag.Tensor((rng.standard_normal(s) * 0.1).astype(np.float32), requires_grad=True) for s in shapes]
+
+    def fn(x):
+        e1 = ag.relu(x @ ws[0])
+        e2 = ag.relu(e1 @ ws[1])
+        bottom = ag.tanh(e2 @ ws[2])
+        d2 = ag.relu(bottom @ ws[3]) + e2
+        d1 = ag.relu(d2 @ ws[4]) + e1
+        return ag.sum((d1 @ ws[5]) * d1)
+    return fn, (x,), ws
+
+
+def transformer_layer(attention: str = "naive", dtype=np.float32, layers: int = 1):
+    s, b, h, a = 128, 2, 64, 4
+
+    def build():
+        if layers == 1:
+            return nn.TransformerLayer(h, a, attention=attention, dtype=dtype, dropout=0.1, seed=3)
+        return nn.Transformer(layers, h, a, attention=attention, dtype=dtype, dropout=0.1, seed=3)
+    model, twin = build(), build()
+    x = ag.Tensor(np.random.default_rng(1).standard_normal((s, b, h)).astype(dtype), requires_grad=True)
+    return (lambda x: ag.sum(model(x))), (x,), [*model.parameters(), x], (lambda x: ag.sum(twin(x))), twin
+
+
+def matmul_chain(n: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = ag.Tensor(rng.standard_normal((2048, 64)).astype(np.float32))
+    ws = [ag.Tensor((rng.standard_normal((64, 64)) * 0.1).astype(np.float32), requires_grad=True) for _ in range(n)]
+
+    def fn(x):
+        h = x
+        for w in ws:
+            h = h @ w
+        return ag.sum(h)
+    return fn, (x,), ws
+
+
+def plain_grads(fn, inputs, leaves):
+    """The gradients of an ordinary backward(), as the oracle for every schedule."""
+    for t in leaves:
+        t.grad = None
+    fn(*inputs).backward()
+    grads = [t.grad.copy() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    return grads
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    """name -> (graph, leaves with grad, the plain-backward grads)."""
+    out = {}
+    for name, make in (("residual MLP", residual_mlp), ("U-Net", unet)):
+        fn, inputs, leaves = make()
+        out[name] = (remat.capture(fn, *inputs), leaves, plain_grads(fn, inputs, leaves))
+    for name, options in (("transformer (naive)", {}), ("transformer (flash)", {"attention": "flash"}),
+                          ("2-layer transformer", {"layers": 2})):
+        fn, inputs, leaves, twin_fn, twin = transformer_layer(**options)
+        graph = remat.capture(fn, *inputs)
+        # the twin has the same weights and draws the same dropout masks on its first call
+        twin_leaves = [*twin.parameters(), *inputs]
+        out[name] = (graph, leaves, plain_grads(twin_fn, inputs, twin_leaves))
+    return out
+
+
+def run(schedule, leaves):
+    for t in leaves:
+        t.grad = None
+    result = remat.execute(schedule)
+    grads = [t.grad.copy() for t in leaves]
+    return result, grads
+
+
+def planners(graph):
+    """Every fixed planner that applies to this graph."""
+    out = [remat.chain_schedule(graph, s) for s in ("none", "all", "sqrt")]
+    out.append(remat.chain_schedule(graph, "uniform", num_layers=2))
+    for granularity in ("selective", "full"):
+        try:
+            out.append(remat.nemo(graph, granularity))
+        except ValueError:
+            pass
+    return out
+
+
+# ---- capture ----
+
+def test_capture_records_every_op_output_with_its_bytes_flops_and_inputs():
+    fn, inputs, leaves = residual_mlp(blocks=3)
+    with ag.count_ops() as counts:
+        fn(*inputs)
+    graph = remat.capture(fn, *inputs)
+    assert [node.op for node in graph.nodes] == ["matmul", "relu", "add"] * 3 + ["mul", "sum"]
+    assert graph.forward_flops == sum(counts.flops.values()) == 3 * 2 * 256 * 128 * 128
+    assert [node.bytes for node in graph.nodes[:-1]] == [256 * 128 * 4] * 10
+    assert graph.nodes[5].deps == (2, 4)  # h + relu(h @ w): the block's input and its relu
+    assert len(graph.steps) == graph.n and graph.steps[0].node == graph.loss
+    assert {id(t) for t in graph.leaves} >= {id(w) for w in leaves}
+
+
+def test_capture_knows_what_each_backward_step_reads():
+    fn, inputs, _ = residual_mlp(blocks=1)
+    graph = remat.capture(fn, *inputs)
+    reads = {graph.nodes[step.node].op: step.reads for step in graph.steps}
+    assert reads["relu"] == (1,)      # relu saves its output
+    assert reads["add"] == ()         # add reads nothing
+    assert reads["mul"] == (2,)       # h * h reads h
+
+
+def test_capture_marks_views_so_that_keeping_a_view_keeps_its_base(graphs):
+    graph = graphs["transformer (naive)"][0]
+    views = [node for node in graph.nodes if node.view_of is not None]
+    assert views and all(node.bytes == 0 for node in views)
+    qkv = next(node for node in graph.nodes if node.op == "linear")
+    assert any(graph.storage_of[v.index] == qkv.index for v in views)  # Q, K and V view the QKV output
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)",
+                                  "2-layer transformer"])
+def test_capture_works_on_every_model_and_draws_itself(graphs, name):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    graph = graphs[name][0]
+    assert graph.n > 5 and graph.steps and graph.forward_flops > 0
+    ax = graph.draw(schedule=remat.chain_schedule(graph, "sqrt"))
+    assert len(ax.collections) >= 1 and len(ax.lines) >= graph.n - 1
+    plt.close("all")
+
+
+def test_capture_of_a_step_with_no_grad_is_refused():
+    x = ag.Tensor(np.ones((4, 4), np.float32))
+    with pytest.raises(remat.CaptureError, match="does not require grad"):
+        remat.capture(lambda x: ag.sum(x * x), x)
+    with pytest.raises(remat.CaptureError, match="scalar"):
+        remat.capture(lambda x: x * ag.Tensor(np.ones((4, 4), np.float32), requires_grad=True), x)
+
+
+# ---- one memory model ----
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)",
+                                  "2-layer transformer"])
+def test_prediction_is_within_5_percent_of_the_measured_peak_for_every_planner(graphs, name):
+    graph, leaves, _ = graphs[name]
+    schedules = planners(graph)
+    middle = (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2
+    schedules.append(remat.checkmate(graph, middle, time_limit=10))
+    try:
+        schedules.append(remat.checkmate(graph, middle, relax=True, time_limit=10))
+    except ValueError:
+        pass  # LP rounding may find nothing within the budget; the MILP above did
+    for schedule in schedules:
+        result, _ = run(schedule, leaves)
+        error = abs(result.peak_bytes - schedule.predicted_peak_bytes) / schedule.predicted_peak_bytes
+        assert error <= 0.05, (schedule, result.peak_bytes)
+        assert result.recompute_flops == schedule.recompute_flops, schedule
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)",
+                                  "2-layer transformer"])
+def test_dtr_predicts_its_own_peak_within_5_percent(graphs, name):
+    graph, leaves, _ = graphs[name]
+    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    for heuristic in remat.HEURISTICS:
+        for t in leaves:
+            t.grad = None
+        result = remat.dynamic(graph, int(0.75 * none), heuristic=heuristic)
+        assert abs(result.peak_bytes - result.predicted_peak_bytes) <= 0.05 * result.predicted_peak_bytes
+
+
+# ---- bit-identical gradients ----
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)",
+                                  "2-layer transformer"])
+def test_gradients_are_bit_identical_to_plain_backward_under_every_schedule_and_dtr(graphs, name):
+    graph, leaves, expected = graphs[name]
+    schedules = planners(graph)
+    schedules.append(remat.checkmate(graph, (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2,
+                                     time_limit=10))
+    for schedule in schedules:
+        _, grads = run(schedule, leaves)
+        assert all(np.array_equal(a, b) for a, b in zip(grads, expected)), schedule
+    for heuristic in ("dtr", "dtr_eq"):
+        for t in leaves:
+            t.grad = None
+        result = remat.dynamic(graph, int(0.7 * schedules[0].predicted_peak_bytes), heuristic=heuristic)
+        assert result.evictions > 0
+        assert all(np.array_equal(t.grad, b) for t, b in zip(leaves, expected)), heuristic
+
+
+def test_dynamic_captures_a_function_itself():
+    fn, inputs, leaves = residual_mlp(blocks=2)
+    expected = plain_grads(fn, inputs, leaves)
+    result = remat.dynamic(fn, *inputs, budget_bytes=10**9)
+    assert result.evictions == 0 and result.recompute_flops == 0
+    assert all(np.array_equal(t.grad, b) for t, b in zip(leaves, expected))
+
+
+def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
+    graph, leaves, _ = graphs["residual MLP"]
+    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    flops = [remat.dynamic(graph, int(f * none)).recompute_flops for f in (1.0, 0.8, 0.6)]
+    assert flops[0] == 0 and flops[0] <= flops[1] <= flops[2] and flops[2] > 0
+
+
+# ---- the optimal schedule is optimal ----
+
+def random_dag(seed: int, n_ops: int):
+    """A random graph of ``n_ops`` ag ops and a sum: matmuls, elementwise ops and adds of earlier values."""
+    rng = np.random.default_rng(seed)
+    x = ag.Tensor(rng.standard_normal((128, 64)).astype(np.float32))
+    ws = [ag.Tensor((rng.standard_normal((64, 64)) * 0.1).astype(np.float32), requires_grad=True)
+          for _ in range(n_ops)]
+    choices = rng.integers(0, 4, size=n_ops)
+    partners = rng.integers(0, 10**6, size=n_ops)
+
+    def fn(x):
+        values = [x]
+        for k in range(n_ops):
+            a = values[-1]
+            kind = choices[k] if k else 0
+            if kind == 0:
+                values.append(a @ ws[k])
+            elif kind == 1:
+                values.append(ag.tanh(a))
+            elif kind == 2:
+                values.append(a + values[1 + partners[k] % (len(values) - 1)])
+            else:
+                values.append(ag.relu(a))
+        return ag.sum(values[-1])
+    return fn, (x,)
+
+
+def brute_force(graph, budget: int) -> int | None:
+    """The fewest recomputed FLOPs over all schedules whose every stage fits ``budget``, by
+    exhaustive search over what each stage hands on to the next (for a choice of kept values,
+    the cheapest computations are the missing ones the stage and the kept values need).
+    None when nothing fits."""
+    from ag.remat.checkmate import _need_until
+    n, T = graph.n, graph.stages
+    flops = [node.flops for node in graph.nodes]
+    until = _need_until(graph)
+    best: dict[frozenset, int] = {frozenset(): 0}
+    for t in range(T):
+        step = t - n if t >= n else None
+        need = {t} if step is None else set(graph.steps[step].reads)
+        candidates = sorted(i for i in range(n) if until[i] > t and (step is not None or i <= t))
+        following: dict[frozenset, int] = {}
+        for kept, cost in best.items():
+            for r in range(len(candidates) + 1):
+                for keep in itertools.combinations(candidates, r):
+                    keep = frozenset(keep)
+                    if any(graph.nodes[v].view_of is not None and graph.nodes[v].view_of not in keep for v in keep):
+                        continue
+                    computes = _closure(graph, need | keep, kept)
+                    if step is None and any(i > t for i in computes):
+                        continue
+                    if stage_peak(graph, t, kept, computes, keep if t + 1 < T else set()) > budget:
+                        continue
+                    spent = cost + sum(flops[i] for i in computes if step is not None or i != t)
+                    if spent < following.get(keep, 1 << 62):
+                        following[keep] = spent
+        best = following
+        if not best:
+            return None
+    return min(best.values())
+
+
+def _closure(graph, wanted, resident) -> set[int]:
+    out, stack = set(), [i for i in wanted if i not in resident]
+    while stack:
+        i = stack.pop()
+        if i not in out:
+            out.add(i)
+            stack.extend(d for d in graph.nodes[i].deps if d not in resident and d not in out)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_checkmate_agrees_with_brute_force_on_random_dags_of_at_most_8_nodes(seed):
+    fn, inputs = random_dag(seed, n_ops=5 + seed % 3)  # 6 to 8 nodes with the loss
+    graph = remat.capture(fn, *inputs)
+    assert graph.n <= 8
+    floor = remat.lower_bound_bytes(graph)
+    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    for budget in np.linspace(floor, none, 5).astype(int):
+        expected = brute_force(graph, int(budget))
+        if expected is None:
+            with pytest.raises(ValueError, match="smallest feasible budget"):
+                remat.checkmate(graph, int(budget))
+            continue
+        found = remat.checkmate(graph, int(budget))
+        assert found.status == "optimal"
+        assert found.recompute_flops == expected, (seed, budget)
+        assert found.predicted_peak_bytes <= budget
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)"])
+def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graphs, name):
+    graph = graphs[name][0]
+    for other in planners(graph):
+        found = remat.checkmate(graph, other.predicted_peak_bytes)
+        assert found.status == "optimal"
+        assert found.recompute_flops <= other.recompute_flops, other
+        assert found.predicted_peak_bytes <= other.predicted_peak_bytes
+
+
+def test_checkmate_recomputes_nothing_at_the_no_remat_peak(graphs):
+    for name in ("residual MLP", "U-Net", "transformer (naive)"):
+        graph = graphs[name][0]
+        found = remat.checkmate(graph, remat.chain_schedule(graph, "none").predicted_peak_bytes)
+        assert found.recompute_flops == 0 and found.status == "optimal" and found.gap == 0
+
+
+def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
+    fn, inputs, leaves = matmul_chain()
+    graph = remat.capture(fn, *inputs)
+    per_layer = graph.nodes[0].flops
+    expected = plain_grads(fn, inputs, leaves)
+    for slots in range(0, 7):
+        plan = remat.revolve(8, slots)
+        schedule = plan.schedule(graph)
+        result, grads = run(schedule, leaves)
+        assert result.recompute_flops == schedule.recompute_flops == plan.recomputed * per_layer
+        assert abs(result.peak_bytes - schedule.predicted_peak_bytes) <= 0.05 * schedule.predicted_peak_bytes
+        assert all(np.array_equal(a, b) for a, b in zip(grads, expected))
+        found = remat.checkmate(graph, schedule.predicted_peak_bytes)
+        assert found.recompute_flops <= schedule.recompute_flops, slots
+    compared = 0
+    for slots in range(0, 7):  # one-level plans need more memory than revolve for the same recompute
+        budget = remat.revolve(8, slots).schedule(graph).predicted_peak_bytes
+        try:
+            one_level = remat.chain_schedule(graph, "optimal", budget_bytes=budget)
+        except ValueError:
+            continue
+        assert remat.checkmate(graph, budget).recompute_flops <= one_level.recompute_flops
+        compared += 1
+    assert compared >= 3
+
+
+# ---- the budget is kept, and bad input is refused ----
+
+def test_checkmate_never_predicts_more_than_its_budget(graphs):
+    graph = graphs["U-Net"][0]
+    floor = remat.lower_bound_bytes(graph)
+    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    for budget in np.linspace(floor, none, 6).astype(int)[1:]:
+        for relax in (False, True):
+            try:
+                found = remat.checkmate(graph, int(budget), relax=relax)
+            except ValueError:
+                assert relax
+                continue
+            assert found.predicted_peak_bytes <= budget
+            assert found.budget_bytes == budget
+
+
+def test_an_infeasible_budget_names_the_smallest_feasible_one(graphs):
+    graph = graphs["residual MLP"][0]
+    floor = remat.lower_bound_bytes(graph)
+    with pytest.raises(ValueError, match=f"at least {floor:,} bytes"):
+        remat.checkmate(graph, floor - 1)
+
+
+def test_a_budget_below_the_inputs_is_refused(graphs):
+    graph = graphs["residual MLP"][0]
+    with pytest.raises(ValueError, match="below the .* bytes that the inputs and parameters hold"):
+        remat.checkmate(graph, graph.leaf_bytes - 1)
+    with pytest.raises(ValueError, match="at least the"):
+        remat.dynamic(graph, graph.leaf_bytes - 1)
+
+
+@pytest.mark.parametrize("limit", [0, -1, "60"])
+def test_a_time_limit_that_is_not_positive_is_refused(graphs, limit):
+    with pytest.raises(ValueError, match="time_limit must be a positive number"):
+        remat.checkmate(graphs["residual MLP"][0], 10**9, time_limit=limit)
+
+
+def test_a_time_limit_that_ends_before_any_schedule_gets_a_clear_error(graphs):
+    graph = graphs["2-layer transformer"][0]
+    budget = remat.lower_bound_bytes(graph) + 1
+    with pytest.raises((TimeoutError, ValueError), match="time limit of 0.001 s ended|smallest feasible"):
+        remat.checkmate(graph, budget, time_limit=0.001)
+
+
+def test_a_stopped_solve_reports_feasible_with_its_gap(graphs):
+    graph = graphs["2-layer transformer"][0]
+    selective = remat.nemo(graph, "selective")
+    found = remat.checkmate(graph, selective.predicted_peak_bytes, time_limit=5)
+    assert found.status in ("optimal", "feasible")
+    assert found.recompute_flops <= selective.recompute_flops
+    if found.status == "feasible":
+        assert found.gap is not None and 0 <= found.gap <= 1 and found.lower_bound is not None
+
+
+def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
+    graph = graphs["residual MLP"][0]
+    none = remat.chain_schedule(graph, "none")
+    S = none.S.copy()
+    S[graph.n:, :] = False  # keep nothing into backward, recompute nothing
+    with pytest.raises(remat.ScheduleError, match="reads nodes"):
+        remat.Schedule(graph, none.R, S, "broken")
+
+
+# ---- the lecture's answer ----
+
+def test_checkmate_at_selectives_budget_recomputes_no_more_than_selective_and_finds_the_attention_core():
+    s, b, h, a = 128, 2, 64, 4
+    model = nn.TransformerLayer(h, a, dtype=np.float16, dropout=0.1)
+    x = ag.Tensor(np.random.default_rng(0).standard_normal((s, b, h)).astype(np.float16), requires_grad=True)
+    graph = remat.capture(lambda x: ag.sum(model(x)), x)
+    selective, none = remat.nemo(graph, "selective"), remat.chain_schedule(graph, "none")
+    weights = graph.leaf_bytes - x.nbytes
+    mask = a * s * s * b  # the attention dropout's mask: a captured graph keeps it (no seed to redraw it from)
+    assert kept_after_forward(selective) == (memory_model.activation_bytes_per_layer(s, b, h, a, recompute="selective")
+                                             + weights + mask)
+    assert kept_after_forward(none) == memory_model.activation_bytes_per_layer(s, b, h, a) + weights
+    found = remat.checkmate(graph, selective.predicted_peak_bytes)
+    assert found.status == "optimal"
+    assert found.recompute_flops <= selective.recompute_flops
+    costly = [graph.nodes[i] for i in found.recomputed() if graph.nodes[i].flops]
+    assert costly and all(any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in costly)
+
+
+def kept_after_forward(schedule) -> int:
+    """Bytes alive when backward starts: what the schedule keeps from forward, leaves included."""
+    from ag.remat.model import Memory, events
+    memory, stage = Memory(schedule.graph), -1
+    for kind, t, x in events(schedule.graph, schedule.R, schedule.S):
+        if t >= schedule.graph.n:
+            break
+        if t != stage:
+            stage = t
+            memory.stage(t)
+        getattr(memory, kind)(x)
+    return memory.alive
+
+
+def test_bad_strategy_and_granularity_are_refused(graphs):
+    graph = graphs["residual MLP"][0]
+    with pytest.raises(ValueError, match="no node of this graph was made in an attention core"):
+        remat.nemo(graph, "selective")
+    with pytest.raises(ValueError, match="granularity must be"):
+        remat.nemo(graph, "half")
+    with pytest.raises(ValueError, match="heuristic must be one of"):
+        remat.dynamic(graph, 10**9, heuristic="random")
