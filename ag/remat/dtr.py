@@ -190,6 +190,27 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
                       int(budget_bytes), heuristic, time.perf_counter() - start)
 
 
+def evicted_neighbourhood(graph: Graph, i: int, evicted: set[int]) -> set[int]:
+    """e*(t): the evicted values reachable from node i through evicted values, along inputs and
+    users alike (i itself excluded). Evicting i joins them: recomputing i needs its evicted
+    inputs first, and recomputing an evicted user needs i."""
+    seen: set[int] = set()
+    stack = [e for e in (*graph.nodes[i].deps, *graph.users[i]) if e in evicted]
+    while stack:
+        e = stack.pop()
+        if e in seen or e == i:
+            continue
+        seen.add(e)
+        stack.extend(x for x in (*graph.nodes[e].deps, *graph.users[e]) if x in evicted and x not in seen)
+    return seen
+
+
+def h_dtr(cost: float, size: int, staleness: int) -> float:
+    """h_DTR(t) = cost(t) / (bytes(t) · staleness(t)): evict the value that is cheap to recompute,
+    big, and long unused."""
+    return cost / (size * staleness)
+
+
 class _GraphDTR:
     """The run-time state: what is resident, what will still be read, and the eviction classes."""
 
@@ -282,30 +303,19 @@ class _GraphDTR:
         return best
 
     def score(self, i: int) -> float:
-        size = self.graph.nodes[i].size
+        g = self.graph
         staleness = self.clock - self.last_access[i] + 1
         if self.heuristic == "lru":
             return 1 / staleness
         if self.heuristic == "size":
-            return 1 / size
+            return 1 / g.nodes[i].size
         if self.heuristic == "dtr":
-            cost = self.cost[i] + sum(self.cost[e] for e in self.neighbourhood(i))
+            neighbours = evicted_neighbourhood(g, i, self.evicted)
+            cost = self.cost[i] + sum(self.cost[e] for e in neighbours)
         else:
-            roots = {self.find(e) for e in self.graph.users[i] + self.graph.nodes[i].deps if e in self.evicted}
+            roots = {self.find(e) for e in (*g.users[i], *g.nodes[i].deps) if e in self.evicted}
             cost = self.cost[i] + sum(self.class_cost[r] for r in roots)
-        return cost / (size * staleness)
-
-    def neighbourhood(self, i: int) -> set[int]:
-        """e*(i): evicted values reachable from i through evicted values, inputs and users alike."""
-        g, seen = self.graph, set()
-        stack = [e for e in (*g.nodes[i].deps, *g.users[i]) if e in self.evicted]
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            stack.extend(x for x in (*g.nodes[e].deps, *g.users[e]) if x in self.evicted and x not in seen)
-        return seen
+        return h_dtr(cost, g.nodes[i].size, staleness)
 
     def find(self, i: int) -> int:
         while self.parent[i] != i:
