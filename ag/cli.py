@@ -7,7 +7,8 @@ import sys
 PARALLEL_LAUNCH = "mpiexec -n 2 ag demo parallel"
 DEMOS = {
     "memory": "array sizes, tracemalloc, lazy and discarded grads (the lecture's tables)",
-    "remat": "every checkpoint strategy on a 10-layer chain: peak MB, matmuls by phase, plots",
+    "remat": "every checkpoint strategy on a 10-layer chain: peak MB, matmuls by phase, plots; with --graph, "
+             "every planner (Checkmate's MILP, LP rounding, DTR, NeMo's modes) on three captured graphs",
     "attention": "peak memory of naive and flash attention as N grows, with a log-log plot",
     "transformer": "activation bytes of float16 transformer layers against sbh(34 + 5as/h), by recomputation",
     "parallel": f"tensor + sequence parallel layers, bytes per rank; launch as `{PARALLEL_LAUNCH}`",
@@ -19,6 +20,9 @@ MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_
 def _demo(args: argparse.Namespace) -> int:
     if args.name == "parallel":
         return _parallel(args.extra)
+    if args.graph and args.name != "remat":
+        print(f"ag demo {args.name}: --graph applies to the remat demo only", file=sys.stderr)
+        return 2
     if args.device == "gpu":
         if args.name != "attention":
             print(f"ag demo {args.name}: --device gpu applies to the attention demo only", file=sys.stderr)
@@ -31,6 +35,8 @@ def _demo(args: argparse.Namespace) -> int:
     from . import demo
     if args.name == "memory":
         demo.memory()
+    elif args.name == "remat" and args.graph:
+        demo.remat_graph_demo(args.out, budgets=args.budgets, time_limit=args.time_limit)
     elif args.name == "remat":
         demo.remat_demo(args.out)
     elif args.name == "attention":
@@ -163,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="ag-plots", help="folder for the plots (default: ag-plots)")
     demo.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                       help="attention only: gpu runs CuPy arrays and traces CuPy's memory pool")
+    demo.add_argument("--graph", action="store_true",
+                      help="remat only: every planner on three captured graphs, Checkmate's Figure 4 "
+                           "(needs the solver extra)")
+    demo.add_argument("--budgets", type=int, default=5, help="remat --graph: budgets per graph (default 5)")
+    demo.add_argument("--time-limit", type=float, default=10.0,
+                      help="remat --graph: seconds per MILP solve (default 10)")
     demo.set_defaults(run=_demo)
     assign = commands.add_parser("assign", help="generate exercises/ and solutions/ from the marked regions in ag/")
     assign.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")

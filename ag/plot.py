@@ -177,3 +177,42 @@ def activation_breakdown(terms: Mapping[str, Mapping[str, int]], *, title: str =
     if path:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, int], *,
+                   title: str = "Recompute against memory, every planner", path: str | None = None):
+    """Checkmate's Figure 4: one panel per graph, measured peak (MB) against recomputed FLOPs as a
+    share of one forward. ``sweeps`` maps a graph's name to ``ag.remat.sweep`` points; planners
+    with a budget are lines, fixed plans single markers (named in the legend, never on the plot)."""
+    plt = _pyplot()
+    n = len(sweeps)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
+    markers = dict(zip(("checkpoint all", "sqrt", "selective", "full"), ("s", "^", "D", "v")))
+    styles = dict(zip(("MILP", "LP rounding", "DTR", "greedy"), ("-", "--", "-.", ":")))
+    colours = dict(zip((*styles, *markers), plt.get_cmap("tab10").colors))
+    for ax, (name, points) in zip(axes.flat, sweeps.items()):
+        flops = max(1, forward_flops[name])
+        for planner in dict.fromkeys(p.planner for p in points):
+            mine = sorted((p for p in points if p.planner == planner), key=lambda p: p.peak_bytes)
+            xs = [p.peak_bytes / MB for p in mine]
+            ys = [p.recompute_flops / flops for p in mine]
+            if planner in markers:
+                ax.scatter(xs, ys, marker=markers[planner], s=60, zorder=3, label=planner, color=colours[planner])
+            else:
+                ax.plot(xs, ys, styles.get(planner, "-"), marker="o", markersize=4, linewidth=1.6, label=planner,
+                        color=colours.get(planner))
+        ax.set_title(name)
+        ax.set_xlabel("measured peak (MB)")
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("recomputed FLOPs / one forward's")
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    if path is not None:
+        fig.savefig(path, dpi=150)
+    return fig
+

@@ -1,6 +1,7 @@
 """The ag command line, run as a user would run it."""
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,23 @@ def test_demo_remat_prints_every_strategy_and_writes_three_plots(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "remat_stack.png", "remat_timeline.png", "remat_tradeoff.png"]
     assert all(p.stat().st_size > 10_000 for p in tmp_path.iterdir())
+
+
+def test_demo_remat_graph_runs_every_planner_on_three_graphs_and_writes_figure_4(tmp_path):
+    pytest.importorskip("scipy", reason="the MILP needs the solver extra")
+    result = run_ag("demo", "remat", "--graph", "--budgets", "2", "--time-limit", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for graph in ("residual MLP", "U-Net", "2-layer transformer"):
+        assert f"{graph}: " in result.stdout
+    for planner in ("checkpoint all", "sqrt", "selective", "full", "MILP", "LP rounding", "DTR", "greedy"):
+        assert re.search(rf"(?m)^ *{planner}  ", result.stdout), planner
+    assert [p.name for p in tmp_path.iterdir()] == ["remat_frontier.png"]
+    assert (tmp_path / "remat_frontier.png").stat().st_size > 20_000
+
+
+def test_graph_is_refused_for_demos_other_than_remat():
+    result = run_ag("demo", "memory", "--graph")
+    assert result.returncode == 2 and "--graph applies to the remat demo only" in result.stderr
 
 
 def test_demo_attention_prints_the_scaling_table_and_writes_the_plot(tmp_path):

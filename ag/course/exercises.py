@@ -119,4 +119,26 @@ EXERCISES = (
         "chain = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1])\n"
         "print('optimal at 12:', remat.plan(8, 'optimal', chain=chain, budget_bytes=12))",
         "sqrt of 64: [7, 15, 23, 31, 39, 47, 55]\noptimal at 12: [1, 2, 5, 6]"),
+    Exercise(
+        7, "dtr_eviction", "DTR's eviction rule",
+        "Over budget, DTR evicts the resident value t with the smallest h_DTR(t) = cost(t) / (bytes(t) "
+        "· staleness(t)) (h_dtr). Its cost also counts e*(t), t's evicted neighbourhood: the evicted "
+        "values reachable from t through evicted values alone, along inputs (graph.nodes[k].deps) and "
+        "users (graph.users[k]), t excluded; recomputing t needs its evicted inputs, recomputing an "
+        "evicted user needs t, and a resident value ends the search (evicted_neighbourhood).",
+        (("remat.dtr", "evicted_neighbourhood"), ("remat.dtr", "h_dtr")),
+        "from ag.remat.graph import Graph",
+        "import numpy as np\nimport ag\nfrom ag import course, remat\ncourse.install(__name__)\n"
+        "w = ag.Tensor(np.full((4, 4), 0.1), requires_grad=True)\n"
+        "def step(x):  # a chain of six ops, h1 skipping to the add\n    h1 = ag.tanh(x @ w)\n"
+        "    return ag.sum(ag.tanh(h1 @ w) + h1)\n"
+        "graph = remat.capture(step, ag.Tensor(np.ones((2, 4))))\n"
+        "print('nodes:', [node.label for node in graph.nodes])\nevicted = {0, 2, 3}\n"
+        "print('e*(1) with 0, 2, 3 evicted:', sorted(evicted_neighbourhood(graph, 1, evicted)))\n"
+        "print('e*(4) with 0, 2, 3 evicted:', sorted(evicted_neighbourhood(graph, 4, evicted)))\n"
+        "print('h_DTR(96, 256 bytes, staleness 3):', h_dtr(96, 256, 3))",
+        "nodes: ['0:matmul', '1:tanh', '2:matmul', '3:tanh', '4:add', '5:sum']\n"
+        "e*(1) with 0, 2, 3 evicted: [0, 2, 3]\ne*(4) with 0, 2, 3 evicted: [2, 3]\n"
+        "h_DTR(96, 256 bytes, staleness 3): 0.125",
+        needs=(1,)),  # capture's measuring run steps through exercise 1's backward_step
 )

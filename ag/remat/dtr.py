@@ -194,6 +194,7 @@ def evicted_neighbourhood(graph: Graph, i: int, evicted: set[int]) -> set[int]:
     """e*(t): the evicted values reachable from node i through evicted values, along inputs and
     users alike (i itself excluded). Evicting i joins them: recomputing i needs its evicted
     inputs first, and recomputing an evicted user needs i."""
+    ### BEGIN SOLUTION
     seen: set[int] = set()
     stack = [e for e in (*graph.nodes[i].deps, *graph.users[i]) if e in evicted]
     while stack:
@@ -203,12 +204,15 @@ def evicted_neighbourhood(graph: Graph, i: int, evicted: set[int]) -> set[int]:
         seen.add(e)
         stack.extend(x for x in (*graph.nodes[e].deps, *graph.users[e]) if x in evicted and x not in seen)
     return seen
+    ### END SOLUTION
 
 
 def h_dtr(cost: float, size: int, staleness: int) -> float:
     """h_DTR(t) = cost(t) / (bytes(t) · staleness(t)): evict the value that is cheap to recompute,
     big, and long unused."""
+    ### BEGIN SOLUTION
     return cost / (size * staleness)
+    ### END SOLUTION
 
 
 class _GraphDTR:

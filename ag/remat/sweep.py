@@ -1,0 +1,77 @@
+"""Checkmate's Figure 4 on ag: every planner on one captured graph, across budgets, each point
+measured by running it (``execute`` for schedules, the run itself for DTR)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .checkmate import checkmate, lower_bound_bytes
+from .dtr import dynamic_graph
+from .execute import execute
+from .graph import Graph
+from .keep import chain_schedule, nemo
+
+
+@dataclass(frozen=True)
+class Point:
+    """One planner at one budget (None: a plan that takes no budget), predicted and measured."""
+
+    planner: str
+    budget_bytes: int | None
+    predicted_peak_bytes: int
+    peak_bytes: int
+    recompute_flops: int
+    status: str = "heuristic"
+    gap: float | None = None
+    solve_seconds: float = 0.0
+
+
+FIXED = ("checkpoint all", "sqrt", "selective", "full")
+BUDGETED = ("MILP", "LP rounding", "DTR", "greedy")
+
+
+def budgets_between(graph: Graph, points: int = 5) -> list[int]:
+    """``points`` budgets from the smallest feasible bound to the no-recompute peak."""
+    top = chain_schedule(graph, "none").predicted_peak_bytes
+    return [int(b) for b in np.linspace(lower_bound_bytes(graph), top, points)]
+
+
+def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: float = 10,
+          planners: Sequence[str] = FIXED + BUDGETED) -> list[Point]:
+    """Run every planner in ``planners`` (fixed plans once, the others at each budget) and
+    return what each predicted and measured; a planner that finds nothing at a budget is left out."""
+    budgets = budgets_between(graph) if budgets is None else list(budgets)
+    points = []
+    fixed = {"checkpoint all": lambda: chain_schedule(graph, "none"), "sqrt": lambda: chain_schedule(graph, "sqrt"),
+             "selective": lambda: nemo(graph, "selective"), "full": lambda: nemo(graph, "full")}
+    for name in planners:
+        if name in fixed:
+            try:
+                schedule = fixed[name]()
+            except ValueError:
+                continue  # NeMo's modes need a transformer
+            points.append(_measured(name, None, schedule))
+    for budget in budgets:
+        for name in planners:
+            if name in fixed:
+                continue
+            try:
+                if name == "DTR":
+                    run = dynamic_graph(graph, budget)
+                    points.append(Point(name, budget, run.predicted_peak_bytes, run.peak_bytes, run.recompute_flops))
+                    continue
+                schedule = {"MILP": lambda: checkmate(graph, budget, time_limit=time_limit),
+                            "LP rounding": lambda: checkmate(graph, budget, time_limit=time_limit, relax=True),
+                            "greedy": lambda: chain_schedule(graph, "greedy", budget_bytes=budget)}[name]()
+            except (ValueError, TimeoutError):
+                continue
+            points.append(_measured(name, budget, schedule))
+    return points
+
+
+def _measured(name: str, budget: int | None, schedule) -> Point:
+    result = execute(schedule)
+    return Point(name, budget, schedule.predicted_peak_bytes, result.peak_bytes, result.recompute_flops,
+                 schedule.status, schedule.gap, schedule.solve_seconds)
