@@ -26,7 +26,7 @@ from .model import Memory, events
 class Execution:
     """What running a schedule measured."""
 
-    peak_bytes: int          # tracemalloc: everything the step allocated, leaves included
+    peak_bytes: int | None   # tracemalloc: everything the step allocated, leaves included
     recompute_flops: int     # count_ops, phase "recompute"
     predicted_peak_bytes: int
     seconds: float
@@ -149,10 +149,16 @@ def measure(graph: Graph) -> None:
         step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), run.extra.get(j, 0)
 
 
-def execute(schedule) -> Execution:
+def execute(schedule, *, trace_memory: bool = True) -> Execution:
     """Run forward and backward as ``schedule`` says; measure the peak (tracemalloc, the leaves
-    copied in so that they count) and the recomputed FLOPs (count_ops)."""
+    copied in so that they count) and the recomputed FLOPs (count_ops). ``trace_memory=False``
+    runs without tracemalloc, for timing: the peak is then None."""
     start = time.perf_counter()
+    if not trace_memory:
+        with trace.count_ops() as counts:
+            loss = _Run(schedule.graph).run(schedule.R, schedule.S)
+        return Execution(None, int(counts.flops["recompute"]), schedule.predicted_peak_bytes,
+                         time.perf_counter() - start, loss)
     with traced(schedule.graph) as measured:
         run = _Run(schedule.graph)
         loss = run.run(schedule.R, schedule.S)

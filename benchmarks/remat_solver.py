@@ -1,0 +1,212 @@
+"""Rematerialization on graphs: how far HiGHS gets with Checkmate's MILP, and what each schedule
+costs on a 2-layer transformer next to PyTorch's own checkpointing.
+
+    python benchmarks/remat_solver.py            # 20 to 200 nodes, 60 s per solve: about 12 min
+    python benchmarks/remat_solver.py --quick    # 20 and 50 nodes, 10 s per solve: about 2 min
+
+Part 1, the solver. Residual MLPs of 6 to 66 blocks (20 to 200 nodes, 3 per block and a loss),
+each at the budget a fifth of the way from ``lower_bound_bytes`` to the no-recompute peak. For each:
+the MILP's size, HiGHS' time, status and gap under the time limit, its recompute; LP rounding's
+time and recompute at the same budget; and the best fixed plan that fits. Goal: HiGHS proves
+optimality within the limit up to some size; the table says where it stops (reported, not a
+pass/fail: Checkmate's paper needed a commercial solver and hours for its largest graphs).
+
+Part 2, the transformer. ``ag.remat.examples.transformer(layers=2)`` without dropout (so that torch
+can hold the same model), s=256, b=2, h=128, a=4, float32. ag: every schedule run by
+``ag.remat.execute`` (no plan, NeMo's selective and full, Checkmate at selective's budget, DTR at
+the same budget); torch: the same model (``benchmarks/transformer.py``'s twin) with no
+checkpoints, ``checkpoint(layer, use_reentrant=False)`` per layer, ``checkpoint`` around the
+attention core, and the selective-checkpoint policy (``create_selective_checkpoint_contexts``:
+save every matmul's output, recompute the rest) around each layer. Peak: RSS growth during one
+step (``_memory.py``: every large array mapped and unmapped, so RSS follows live bytes) for both,
+and tracemalloc's peak for ag. Time: the median of steps taking turns in one process. Goal, per
+mode where both have one: ag's peak ≤ 1.10 × torch's (the transformer benchmark's goal). The whole
+process runs under ``_memory.MALLOC_ENV`` (every large array mapped on allocation), which slows
+both frameworks alike; time ratios are for comparing schedules, ``benchmarks/transformer.py``
+times the frameworks without it.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _memory import MALLOC_ENV, rss_peak_of  # noqa: E402
+from mlp import machine_lines, print_table, verdict  # noqa: E402
+from transformer import torch_model  # noqa: E402
+
+import ag  # noqa: E402
+from ag import remat  # noqa: E402
+from ag.remat import examples  # noqa: E402
+from ag.remat.checkmate import _Program  # noqa: E402
+
+MB = 10**6
+
+
+def solver_rows(blocks: list[int], time_limit: float) -> list[list[str]]:
+    rows = []
+    for n_blocks in blocks:
+        fn, inputs = examples.residual_mlp(blocks=n_blocks, batch=64, width=64)
+        graph = remat.capture(fn, *inputs)
+        none = remat.chain_schedule(graph, "none")
+        floor = remat.lower_bound_bytes(graph)
+        budget = floor + (none.predicted_peak_bytes - floor) // 5
+        from scipy import sparse
+        program = _Program(graph, budget)
+        *_, A, _, _ = program.build(sparse)
+        milp = _solve(graph, budget, time_limit, relax=False)
+        lp = _solve(graph, budget, time_limit, relax=True)
+        fixed = [s for s in (remat.chain_schedule(graph, k) for k in ("none", "sqrt", "all"))
+                 if s.predicted_peak_bytes <= budget]
+        best_fixed = min((s.recompute_flops for s in fixed), default=None)
+        rows.append([str(graph.n), str(graph.stages), f"{program.count:,}", f"{A.shape[0]:,}",
+                     milp["seconds"], milp["status"], milp["gap"], milp["flops"],
+                     lp["seconds"], lp["flops"], "-" if best_fixed is None else f"{best_fixed / 1e6:,.1f}"])
+    return rows
+
+
+def _solve(graph, budget: int, time_limit: float, relax: bool) -> dict:
+    start = time.perf_counter()
+    try:
+        s = remat.checkmate(graph, budget, time_limit=time_limit, relax=relax)
+    except (ValueError, TimeoutError) as error:
+        return {"seconds": f"{time.perf_counter() - start:.1f}", "status": type(error).__name__, "gap": "-",
+                "flops": "-"}
+    return {"seconds": f"{time.perf_counter() - start:.1f}", "status": s.status,
+            "gap": "-" if s.gap is None else f"{s.gap:.0%}", "flops": f"{s.recompute_flops / 1e6:,.1f}"}
+
+
+# ---- part 2: the transformer, ag's schedules against torch's checkpointing ----
+
+S, B, H, A = 256, 2, 128, 4
+
+
+class AgSchedule:
+    def __init__(self, graph, schedule, leaves) -> None:
+        self.graph, self.schedule, self.leaves = graph, schedule, leaves
+
+    def __call__(self) -> None:
+        for t in self.leaves:
+            t.grad = None
+        remat.execute(self.schedule, trace_memory=False)
+
+
+class AgDTR(AgSchedule):
+    def __call__(self) -> None:
+        for t in self.leaves:
+            t.grad = None
+        remat.dynamic(self.graph, self.schedule)  # here ``schedule`` is the budget
+
+
+def torch_steps(model, x: np.ndarray) -> dict:
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    steps = {}
+    for mode in ("none", "full", "selective", "policy"):
+        stack = torch_model(model, "none" if mode == "policy" else mode, dropout=0.0)
+        if mode == "policy":
+            context = functools.partial(create_selective_checkpoint_contexts, policy)
+            layers = list(stack.layers)
+            stack.forward = lambda h, layers=layers: _policy_forward(layers, h, checkpoint, context)
+        tx = torch.from_numpy(x.copy()).requires_grad_()
+
+        def step(stack=stack, tx=tx) -> None:
+            stack.zero_grad(set_to_none=True)
+            tx.grad = None
+            stack(tx).sum().backward()
+        steps[mode] = step
+    return steps
+
+
+def _policy_forward(layers, h, checkpoint, context):
+    for layer in layers:
+        h = checkpoint(layer, h, use_reentrant=False, context_fn=context)
+    return h
+
+
+def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], list[str]]:
+    fn, inputs = examples.transformer(layers=2, s=S, b=B, h=H, a=A, dropout=0.0)
+    graph = remat.capture(fn, *inputs)
+    selective = remat.nemo(graph, "selective")
+    budget = selective.predicted_peak_bytes
+    schedules = {"none": remat.chain_schedule(graph, "none"), "selective": selective,
+                 "full": remat.nemo(graph, "full"),
+                 "checkmate": remat.checkmate(graph, budget, time_limit=time_limit)}
+    ag_steps = {name: AgSchedule(graph, s, fn.parameters) for name, s in schedules.items()}
+    ag_steps["DTR"] = AgDTR(graph, budget, fn.parameters)
+    tracemalloc_peak = {name: remat.execute(s).peak_bytes for name, s in schedules.items()}
+    tracemalloc_peak["DTR"] = remat.dynamic(graph, budget).peak_bytes
+    torch = torch_steps(fn.model, inputs[0].value)
+    contestants = {**{f"ag {k}": v for k, v in ag_steps.items()}, **{f"torch {k}": v for k, v in torch.items()}}
+    for step in contestants.values():
+        step()  # warm-up: BLAS buffers, torch's first-call work
+    rss = {name: rss_peak_of(step)[0] for name, step in contestants.items()}
+    times = {name: [] for name in contestants}
+    for _ in range(repeats):
+        for name, step in contestants.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    rows, goals = [], []
+    pairs = {"none": "none", "selective": "selective", "full": "full", "checkmate": "policy", "DTR": None}
+    for name in ag_steps:
+        ms = statistics.median(times[f"ag {name}"]) * 1e3
+        peer = pairs[name]
+        ratio = "-"
+        if peer is not None:
+            r = rss[f"ag {name}"] / rss[f"torch {peer}"]
+            ratio = f"{r:.2f}"
+            goals.append(f"ag {name} peak / torch {peer} peak = {r:.2f} (goal ≤ 1.10): {verdict(r, 1.10)}")
+        s = schedules.get(name)
+        rows.append([f"ag {name}", f"{tracemalloc_peak[name] / MB:.2f}", f"{rss[f'ag {name}'] / MB:.2f}",
+                     "-" if s is None else f"{s.recompute_flops / 1e6:,.1f}", f"{ms:.1f}", ratio])
+    for name in torch:
+        ms = statistics.median(times[f"torch {name}"]) * 1e3
+        rows.append([f"torch {name}", "-", f"{rss[f'torch {name}'] / MB:.2f}", "-", f"{ms:.1f}", "-"])
+    status = schedules["checkmate"]
+    goals.append(f"checkmate at selective's budget: {status.status}, recompute {status.recompute_flops:,} "
+                 f"≤ selective's {selective.recompute_flops:,}: "
+                 f"{'met' if status.recompute_flops <= selective.recompute_flops else 'NOT met'}")
+    return rows, goals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 and 50 nodes, 10 s per solve")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds per solve (default 60, quick 10)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per contestant (default 5)")
+    args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):  # RSS follows live bytes only under these
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **MALLOC_ENV))
+    limit = args.time_limit or (10.0 if args.quick else 60.0)
+    blocks = [6, 16] if args.quick else [6, 16, 33, 50, 66]
+    print("\n".join(machine_lines()))
+    print(f"ag {ag.__version__ if hasattr(ag, '__version__') else ''} remat: Checkmate's MILP on scipy's HiGHS, "
+          f"time limit {limit:g} s per solve")
+    print_table("Part 1: the MILP against graph size (residual MLPs, budget a fifth of the way from the floor "
+                "to the no-recompute peak; recompute in MFLOP)",
+                ["nodes", "stages", "variables", "constraints", "MILP s", "status", "gap", "MILP recompute",
+                 "LP s", "LP-rounding recompute", "best fixed plan"], solver_rows(blocks, limit))
+    rows, goals = transformer_rows(limit, args.repeats)
+    print_table(f"Part 2: a 2-layer transformer (s={S}, b={B}, h={H}, a={A}, float32, no dropout), one step "
+                "(peaks in MB, recompute in MFLOP, time in ms)",
+                ["schedule", "tracemalloc peak", "RSS peak", "recompute", "median ms", "ag / torch peak"], rows)
+    print()
+    for line in goals:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
