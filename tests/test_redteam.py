@@ -124,7 +124,7 @@ def fake_report_lines() -> tuple[list[str], dict]:
                 for d in node.decorator_list:
                     if isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "points":
                         points[node.name] = float(d.args[0].value)
-    total = 62.0
+    total = 68.0
     lines = []
     for name, pts in points.items():
         for prefix in (f"test_{EXERCISES[1].module_name}", EXERCISES[1].module_name):
@@ -482,7 +482,7 @@ def check_no_markdown_from_the_student(run: Run) -> list[str]:
     problems = []
     for text in attacked_outputs(run):
         prose = without_code(text)
-        if re.search(r"(?m)^ {0,3}#{1,6}\s+All 62 tests passed", prose) or "![pixel](pixel.png)" in prose:
+        if re.search(r"(?m)^ {0,3}#{1,6}\s+All \d+ tests passed", prose) or "![pixel](pixel.png)" in prose:
             problems.append("text from the student's code is rendered as Markdown in results.json (a heading "
                             f"saying every test passed, an image): fence it as code or escape it: {text[:300]!r}")
     return problems

@@ -67,3 +67,24 @@ def tanh_chain_grads(x, weights):
         grads.append(hs[i].T @ g)
         g = g @ weights[i].T
     return grads[::-1]
+
+
+def reachable_through_evicted(deps, i, evicted):
+    """DTR's e*(i): breadth-first from node i over the edges of ``deps`` taken both ways (an input,
+    a user), stepping only onto evicted nodes; i itself is never in it."""
+    neighbours = [set(d) for d in deps]
+    for k, d in enumerate(deps):
+        for j in d:
+            neighbours[j].add(k)
+    allowed = set(evicted) - {i}
+    found, frontier = set(), {i}
+    while frontier:
+        frontier = {m for k in frontier for m in neighbours[k] if m in allowed} - found
+        found |= frontier
+    return found
+
+
+def dtr_scores(table):
+    """h_DTR = cost / (bytes · staleness) for each row (cost, bytes, staleness) of ``table``."""
+    cost, size, staleness = np.asarray(table, dtype=np.float64).T
+    return cost / size / staleness
