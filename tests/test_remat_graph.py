@@ -10,6 +10,7 @@ import pytest
 
 import ag
 from ag import memory_model, nn, remat
+from ag.remat import examples
 from ag.remat.model import stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -18,49 +19,23 @@ else:
     pytest.importorskip("scipy", reason="checkmate needs the solver extra (scipy's HiGHS)")
 
 
-# ---- the test graphs: each a function returning (fn, inputs, leaves_with_grad, twin) ----
+# ---- the test graphs: the lecture's (ag.remat.examples) ----
 
-def residual_mlp(seed: int = 0, blocks: int = 4):
-    rng = np.random.default_rng(seed)
-    x = ag.Tensor(rng.standard_normal((256, 128)).astype(np.float32))
-    ws = [ag.Tensor((rng.standard_normal((128, 128)) * 0.1).astype(np.float32), requires_grad=True)
-          for _ in range(blocks)]
-
-    def fn(x):
-        h = x
-        for w in ws:
-            h = h + ag.relu(h @ w)
-        return ag.sum(h * h)
-    return fn, (x,), ws
+def residual_mlp(blocks: int = 4):
+    fn, inputs = examples.residual_mlp(blocks=blocks)
+    return fn, inputs, fn.parameters
 
 
-def unet(seed: int = 0):
-    """Down 128 → 64 → 32, up 32 → 64 → 128 with long skip connections across the bottleneck."""
-    rng = np.random.default_rng(seed)
-    x = ag.Tensor(rng.standard_normal((256, 128)).astype(np.float32))
-    shapes = [(128, 128), (128, 64), (64, 32), (32, 64), (64, 128), (128, 128)]
-    ws = [ag.Tensor((rng.standard_normal(s) * 0.1).astype(np.float32), requires_grad=True) for s in shapes]
-
-    def fn(x):
-        e1 = ag.relu(x @ ws[0])
-        e2 = ag.relu(e1 @ ws[1])
-        bottom = ag.tanh(e2 @ ws[2])
-        d2 = ag.relu(bottom @ ws[3]) + e2
-        d1 = ag.relu(d2 @ ws[4]) + e1
-        return ag.sum((d1 @ ws[5]) * d1)
-    return fn, (x,), ws
+def unet():
+    fn, inputs = examples.unet()
+    return fn, inputs, fn.parameters
 
 
 def transformer_layer(attention: str = "naive", dtype=np.float32, layers: int = 1):
-    s, b, h, a = 128, 2, 64, 4
-
-    def build():
-        if layers == 1:
-            return nn.TransformerLayer(h, a, attention=attention, dtype=dtype, dropout=0.1, seed=3)
-        return nn.Transformer(layers, h, a, attention=attention, dtype=dtype, dropout=0.1, seed=3)
-    model, twin = build(), build()
-    x = ag.Tensor(np.random.default_rng(1).standard_normal((s, b, h)).astype(dtype), requires_grad=True)
-    return (lambda x: ag.sum(model(x))), (x,), [*model.parameters(), x], (lambda x: ag.sum(twin(x))), twin
+    """The model and an identical twin (same weights, same dropout masks on its first call)."""
+    fn, inputs = examples.transformer(layers=layers, attention=attention, dtype=dtype)
+    twin_fn, _ = examples.transformer(layers=layers, attention=attention, dtype=dtype)
+    return fn, inputs, fn.parameters, twin_fn, twin_fn.model
 
 
 def matmul_chain(n: int = 8, seed: int = 0):
