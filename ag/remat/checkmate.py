@@ -21,10 +21,14 @@ Variables, for stage t and node i (``model`` says what a stage is):
       freeing:      FREE[t, d, k] = R[t, k] · (1 - S[t+1, d]) · Π_{later users j of d} (1 - R[t, j]),
                     written as its linear bounds.
 
-C_t is the leaves plus the grads alive at that backward step. ``relax=True`` solves the LP
-relaxation instead and rounds it in two phases, as the paper's approximation does: S is
-rounded at several thresholds, R is then whatever those S need (``keep.complete``), and the
-cheapest rounding within the budget wins.
+C_t is the leaves, the closures' arrays and the grads alive at that backward step.
+``relax=True`` solves the LP relaxation instead and rounds it in two phases, as the paper's
+approximation does: S is rounded at several thresholds, R is then whatever those S need
+(``keep.complete``), and the cheapest rounding within the budget wins.
+
+The MILP is solved after its LP relaxation, whose optimum bounds the recompute from below and
+whose rounding is an incumbent. When the time limit stops HiGHS, the best of its schedule, the
+rounding and the fixed plans that fit is returned as "feasible", with the gap to the best bound.
 """
 from __future__ import annotations
 
@@ -62,43 +66,60 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
     program = _Program(graph, budget)
     c, integrality, lb, ub, A, lo, hi = program.build(sparse)
+    problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     start = time.perf_counter()
-    result = milp(c, integrality=np.zeros_like(integrality) if relax else integrality,
-                  bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi),
-                  options={"time_limit": float(time_limit), "mip_rel_gap": 1e-9, "disp": False})
+    # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound
+    lp = milp(c, integrality=np.zeros_like(integrality), **problem,
+              options={"time_limit": float(time_limit), "disp": False})
+    if lp.status == 2:
+        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                         f"the smallest feasible budget is at least {floor:,} bytes")
+    if relax:
+        if lp.x is None:
+            raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
+                               "LP relaxation was solved; raise time_limit")
+        return _round(graph, program, lp.x, lp.fun, budget, time.perf_counter() - start)
+    rounded, bound = None, None
+    if lp.x is not None:
+        bound = max(0.0, program.unscale(lp.fun) - graph.forward_flops)
+        try:
+            rounded = _round(graph, program, lp.x, lp.fun, budget, 0.0)
+        except ValueError:
+            pass  # no rounding fits: the MILP alone
+    remaining = max(0.1 * time_limit, time_limit - (time.perf_counter() - start))
+    result = milp(c, integrality=integrality, **problem,
+                  options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
     seconds = time.perf_counter() - start
     if result.x is None and result.status == 2:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
                          f"the smallest feasible budget is at least {floor:,} bytes")
-    if relax:
-        if result.x is None:
-            raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
-                               "LP relaxation was solved; raise time_limit")
-        return _round(graph, program, result.x, result.fun, budget, seconds)
-    bound = getattr(result, "mip_dual_bound", None)
-    bound = max(0.0, program.unscale(bound) - graph.forward_flops) if bound is not None and np.isfinite(bound) else None
+    dual = getattr(result, "mip_dual_bound", None)
+    if dual is not None and np.isfinite(dual):
+        bound = max(bound or 0.0, program.unscale(dual) - graph.forward_flops)
+    schedule = None
     if result.x is not None:
         schedule = Schedule(graph, *prune(graph, *program.matrices(result.x)), "checkmate", budget,
                             "optimal" if result.status == 0 else "feasible", solve_seconds=seconds)
         if schedule.status == "optimal":
             schedule.gap, schedule.lower_bound = 0.0, float(schedule.recompute_flops)
             return schedule
-    else:
-        schedule = None
-    best = _best_known(graph, schedule, budget, seconds, bound)
+    best = _best_known(graph, [schedule, rounded], budget, seconds, bound)
     if best is None:
         raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before HiGHS found any "
-                           f"schedule for {graph.n} nodes at {budget:,} bytes, and no fixed plan fits; "
-                           "raise time_limit or try relax=True")
+                           f"schedule for {graph.n} nodes at {budget:,} bytes, and neither LP rounding nor "
+                           "a fixed plan fits; raise time_limit")
     return best
 
 
-def _best_known(graph: Graph, found: Schedule | None, budget: int, seconds: float,
+def _best_known(graph: Graph, found: list, budget: int, seconds: float,
                 bound: float | None) -> Schedule | None:
-    """Stopped by the time limit: the best of what HiGHS found and the fixed plans that fit (the
-    incumbents a solver could have been started from), with the gap to HiGHS' bound."""
+    """Stopped by the time limit: the best of what HiGHS found, the LP rounding and the fixed
+    plans that fit (the incumbents a solver could start from), with the gap to the best bound."""
     from .keep import chain_schedule, nemo
-    best = found
+    best = None
+    for s in found:
+        if s is not None and s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
+            best = s
     for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
                  lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")):
         try:
@@ -110,9 +131,11 @@ def _best_known(graph: Graph, found: Schedule | None, budget: int, seconds: floa
     if best is None:
         return None
     best = Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds)
-    best.lower_bound = 0.0 if bound is None else bound  # no bound from HiGHS: only the trivial one
+    best.lower_bound = 0.0 if bound is None else min(bound, best.recompute_flops)  # none known: the trivial one
     spent = best.recompute_flops
     best.gap = 0.0 if spent == 0 else max(0.0, (spent - best.lower_bound) / spent)
+    if best.gap == 0:
+        best.status = "optimal"  # the bound proves it, though HiGHS did not finish
     return best
 
 
