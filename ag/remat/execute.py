@@ -130,16 +130,17 @@ def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 
 def measure(graph: Graph) -> None:
-    """Run the step once, keeping everything, to measure what no plan changes: each node's
-    workspace, the grads alive before each backward step and each step's transient bytes.
-    The leaves' grads are put back as they were."""
+    """Run the step, keeping everything, to measure what no plan changes: each node's workspace,
+    the grads alive before each backward step and each step's transient bytes (the second of two
+    runs). The leaves' grads are put back as they were."""
     saved = [leaf.grad for leaf in graph.leaves]
-    for leaf in graph.leaves:
-        leaf.grad = None
-    run = _Run(graph)
-    run.measuring = True
     try:
-        run.run(*keep_all(graph))
+        for measuring in (False, True):  # the first run warms up what NumPy caches; the second is measured
+            for leaf in graph.leaves:
+                leaf.grad = None
+            run = _Run(graph)
+            run.measuring = measuring
+            run.run(*keep_all(graph))
     finally:
         for leaf, grad in zip(graph.leaves, saved):
             leaf.grad = grad

@@ -3,9 +3,11 @@ recomputation modes, written as Checkmate schedules on a captured graph so that 
 is priced by one memory model and run by one ``execute``.
 
 ``from_keep(graph, keep)``: forward computes every node once and keeps, past its last forward
-use, only the nodes in ``keep`` that backward reads. A backward step whose reads are gone
-recomputes them from the nearest resident ancestors (leaves at worst), and keeps what it
-recomputed while a later step still reads it: one replay per segment, as ``sequential`` does.
+use, only the nodes in ``keep`` that backward reads. The nodes between two kept ones form a
+segment. The first backward step that reads a value of a segment that is gone replays the
+segment: it recomputes every value of it that a step from then on reads (from the nearest
+resident ancestors, leaves at worst) and keeps each while a later step still reads it. One
+replay per segment, as ``sequential``'s segment mode and NeMo's recomputation do.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
     for i in range(n):  # a view's users keep its base's buffer in use
         for v in graph.views(i):
             last_user[i] = max(last_user[i], last_user[v])
+    segment = np.cumsum([i in keep for i in range(n)])  # kept nodes close segments
     R = np.zeros((T, n), dtype=bool)
     S = np.zeros((T, n), dtype=bool)
     resident: set[int] = set()
@@ -39,7 +42,11 @@ def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
         if t < n:
             computes = {t}
         else:
-            computes = _missing(graph, reads[t - n], resident)
+            gone = reads[t - n] - resident
+            replayed = {segment[i] for i in gone}
+            wanted = gone | {i for i, last in last_read.items()
+                             if last >= t and i not in resident and i not in keep and segment[i] in replayed}
+            computes = _missing(graph, wanted, resident)
             recomputed |= computes
         R[t, sorted(computes)] = True
         resident |= computes
