@@ -152,17 +152,6 @@ class Graph:
     def forward_flops(self) -> int:
         return int(sum(node.flops for node in self.nodes))
 
-    @property
-    def no_remat_peak_hint(self) -> int:
-        """Every node's size plus the leaves: what keeping everything to the end could hold at most."""
-        return self.leaf_bytes + sum(node.size + node.hidden_bytes for node in self.nodes)
-
-    def step_of(self, node: int) -> int | None:
-        for j, step in enumerate(self.steps):
-            if step.node == node:
-                return j
-        return None
-
     def views(self, index: int) -> list[int]:
         """The nodes that view ``index``'s buffer, directly or through other views."""
         return [v.index for v in self.nodes if v.view_of is not None and v.index != index
