@@ -18,27 +18,27 @@ the same budget); torch: the same model (``benchmarks/transformer.py``'s twin) w
 checkpoints, ``checkpoint(layer, use_reentrant=False)`` per layer, ``checkpoint`` around the
 attention core, and the selective-checkpoint policy (``create_selective_checkpoint_contexts``:
 save every matmul's output, recompute the rest) around each layer. Peak: RSS growth during one
-step (``_memory.py``: every large array mapped and unmapped, so RSS follows live bytes) for both,
-and tracemalloc's peak for ag. Time: the median of steps taking turns in one process. Goal, per
-mode where both have one: ag's peak ≤ 1.10 × torch's (the transformer benchmark's goal). The whole
-process runs under ``_memory.MALLOC_ENV`` (every large array mapped on allocation), which slows
-both frameworks alike; time ratios are for comparing schedules, ``benchmarks/transformer.py``
-times the frameworks without it.
+step in a fresh process per contestant (``_memory.py``: every large array mapped and unmapped, so
+RSS follows live bytes) for both, and tracemalloc's peak for ag. Time: the median of steps taking
+turns in one process. Goal, per
+mode where both have one: ag's peak ≤ 1.10 × torch's (the transformer benchmark's goal).
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _memory import MALLOC_ENV, rss_peak_of  # noqa: E402
+from _memory import rss_peak_of, run_worker  # noqa: E402
 from mlp import machine_lines, print_table, verdict  # noqa: E402
 from transformer import torch_model  # noqa: E402
 
@@ -135,23 +135,44 @@ def _policy_forward(layers, h, checkpoint, context):
     return h
 
 
-def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], list[str]]:
+def transformer_setup(time_limit: float | None, saved: str | None):
+    """The graph, its schedules (Checkmate's solved here, or loaded from ``saved``) and the contestants."""
     fn, inputs = examples.transformer(layers=2, s=S, b=B, h=H, a=A, dropout=0.0)
     graph = remat.capture(fn, *inputs)
     selective = remat.nemo(graph, "selective")
-    budget = selective.predicted_peak_bytes
     schedules = {"none": remat.chain_schedule(graph, "none"), "selective": selective,
-                 "full": remat.nemo(graph, "full"),
-                 "checkmate": remat.checkmate(graph, budget, time_limit=time_limit)}
-    ag_steps = {name: AgSchedule(graph, s, fn.parameters) for name, s in schedules.items()}
-    ag_steps["DTR"] = AgDTR(graph, budget, fn.parameters)
-    tracemalloc_peak = {name: remat.execute(s).peak_bytes for name, s in schedules.items()}
-    tracemalloc_peak["DTR"] = remat.dynamic(graph, budget).peak_bytes
-    torch = torch_steps(fn.model, inputs[0].value)
-    contestants = {**{f"ag {k}": v for k, v in ag_steps.items()}, **{f"torch {k}": v for k, v in torch.items()}}
+                 "full": remat.nemo(graph, "full")}
+    if saved is None:
+        schedules["checkmate"] = remat.checkmate(graph, selective.predicted_peak_bytes, time_limit=time_limit)
+    else:
+        matrices = np.load(saved)
+        schedules["checkmate"] = remat.Schedule(graph, matrices["R"], matrices["S"], "checkmate")
+    steps = {f"ag {name}": AgSchedule(graph, s, fn.parameters) for name, s in schedules.items()}
+    steps["ag DTR"] = AgDTR(graph, selective.predicted_peak_bytes, fn.parameters)
+    steps.update({f"torch {k}": v for k, v in torch_steps(fn.model, inputs[0].value).items()})
+    return graph, schedules, steps
+
+
+def memory_worker(name: str, saved: str) -> None:
+    """In a fresh process (``_memory.run_worker``): one warm-up step, then the RSS growth of one step."""
+    _, _, steps = transformer_setup(None, saved)
+    step = steps[name]
+    step()
+    print(json.dumps({"rss_peak": rss_peak_of(step)[0]}))
+
+
+def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], list[str]]:
+    graph, schedules, contestants = transformer_setup(time_limit, None)
+    selective = schedules["selective"]
+    tracemalloc_peak = {f"ag {name}": remat.execute(s).peak_bytes for name, s in schedules.items()}
+    tracemalloc_peak["ag DTR"] = remat.dynamic(graph, selective.predicted_peak_bytes).peak_bytes
+    with tempfile.TemporaryDirectory() as folder:
+        saved = os.path.join(folder, "checkmate.npz")
+        np.savez(saved, R=schedules["checkmate"].R, S=schedules["checkmate"].S)
+        rss = {name: run_worker([sys.executable, os.path.abspath(__file__), "--memory-worker", name,
+                                 "--schedules", saved], name)["rss_peak"] for name in contestants}
     for step in contestants.values():
         step()  # warm-up: BLAS buffers, torch's first-call work
-    rss = {name: rss_peak_of(step)[0] for name, step in contestants.items()}
     times = {name: [] for name in contestants}
     for _ in range(repeats):
         for name, step in contestants.items():
@@ -159,25 +180,23 @@ def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], 
             step()
             times[name].append(time.perf_counter() - start)
     rows, goals = [], []
-    pairs = {"none": "none", "selective": "selective", "full": "full", "checkmate": "policy", "DTR": None}
-    for name in ag_steps:
-        ms = statistics.median(times[f"ag {name}"]) * 1e3
-        peer = pairs[name]
+    peers = {"ag none": "torch none", "ag selective": "torch selective", "ag full": "torch full",
+             "ag checkmate": "torch policy"}
+    for name in contestants:
+        ms = statistics.median(times[name]) * 1e3
         ratio = "-"
-        if peer is not None and rss[f"torch {peer}"] > 0:
-            r = rss[f"ag {name}"] / rss[f"torch {peer}"]
+        if name in peers:
+            r = rss[name] / rss[peers[name]]
             ratio = f"{r:.2f}"
-            goals.append(f"ag {name} peak / torch {peer} peak = {r:.2f} (goal ≤ 1.10): {verdict(r, 1.10)}")
-        s = schedules.get(name)
-        rows.append([f"ag {name}", f"{tracemalloc_peak[name] / MB:.2f}", f"{rss[f'ag {name}'] / MB:.2f}",
-                     "-" if s is None else f"{s.recompute_flops / 1e6:,.1f}", f"{ms:.1f}", ratio])
-    for name in torch:
-        ms = statistics.median(times[f"torch {name}"]) * 1e3
-        rows.append([f"torch {name}", "-", f"{rss[f'torch {name}'] / MB:.2f}", "-", f"{ms:.1f}", "-"])
-    status = schedules["checkmate"]
-    goals.append(f"checkmate at selective's budget: {status.status}, recompute {status.recompute_flops:,} "
+            goals.append(f"{name} peak / {peers[name]} peak = {r:.2f} (goal ≤ 1.10): {verdict(r, 1.10)}")
+        s = schedules.get(name.removeprefix("ag "))
+        rows.append([name, f"{tracemalloc_peak[name] / MB:.2f}" if name in tracemalloc_peak else "-",
+                     f"{rss[name] / MB:.2f}", "-" if s is None or name.startswith("torch") else
+                     f"{s.recompute_flops / 1e6:,.1f}", f"{ms:.1f}", ratio])
+    found = schedules["checkmate"]
+    goals.append(f"checkmate at selective's budget: {found.status}, recompute {found.recompute_flops:,} "
                  f"≤ selective's {selective.recompute_flops:,}: "
-                 f"{'met' if status.recompute_flops <= selective.recompute_flops else 'NOT met'}")
+                 f"{'met' if found.recompute_flops <= selective.recompute_flops else 'NOT met'}")
     return rows, goals
 
 
@@ -186,11 +205,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 and 50 nodes, 10 s per solve")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per solve (default 60, quick 10)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per contestant (default 5)")
-    parser.add_argument("--part", choices=("1", "2", "all"), default="all",
-                        help="all runs part 2 in a fresh process, so that part 1's solver leaves nothing in its RSS")
+    parser.add_argument("--part", choices=("1", "2", "all"), default="all", help="which part (default all)")
+    parser.add_argument("--memory-worker", metavar="CONTESTANT", help=argparse.SUPPRESS)
+    parser.add_argument("--schedules", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):  # RSS follows live bytes only under these
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **MALLOC_ENV))
+    if args.memory_worker:
+        memory_worker(args.memory_worker, args.schedules)
+        return
     limit = args.time_limit or (10.0 if args.quick else 60.0)
     blocks = [6, 16] if args.quick else [6, 16, 33, 50, 66]
     if args.part != "2":
@@ -201,11 +222,7 @@ def main() -> None:
                     ["nodes", "stages", "variables", "constraints", "MILP s", "status", "gap", "MILP recompute",
                      "LP s", "LP-rounding recompute", "best fixed plan"], solver_rows(blocks, limit))
         sys.stdout.flush()
-    if args.part == "all":
-        import subprocess
-        subprocess.run([sys.executable, *sys.argv, "--part", "2"], check=True)
-        return
-    if args.part == "2":
+    if args.part != "1":
         rows, goals = transformer_rows(limit, args.repeats)
         print_table(f"Part 2: a 2-layer transformer (s={S}, b={B}, h={H}, a={A}, float32, no dropout), one step "
                     "(peaks in MB, recompute in MFLOP, time in ms)",
