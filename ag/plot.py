@@ -187,9 +187,10 @@ def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, i
     plt = _pyplot()
     n = len(sweeps)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
-    markers = dict(zip(("checkpoint all", "sqrt", "selective", "full"), ("s", "^", "D", "v")))
-    styles = dict(zip(("MILP", "LP rounding", "DTR", "greedy"), ("-", "--", "-.", ":")))
-    colours = dict(zip((*styles, *markers), plt.get_cmap("tab10").colors))
+    markers = dict(zip(("checkpoint all", "recompute all", "sqrt", "uniform (2)", "block (half)", "selective", "full"),
+                       ("s", "X", "^", "<", ">", "D", "v")))
+    styles = dict(zip(("MILP", "LP rounding", "DTR", "greedy", "one-level optimal"), ("-", "--", "-.", ":", "-")))
+    colours = dict(zip((*styles, *markers), plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]))
     for ax, (name, points) in zip(axes.flat, sweeps.items()):
         flops = max(1, forward_flops[name])
         for planner in dict.fromkeys(p.planner for p in points):

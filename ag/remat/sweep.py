@@ -18,7 +18,7 @@ from .keep import chain_schedule, nemo
 class Point:
     """One planner at one budget (None: a plan that takes no budget), predicted and measured."""
 
-    planner: str
+    planner: str  # "checkpoint all" keeps every value backward reads; "recompute all" keeps none
     budget_bytes: int | None
     predicted_peak_bytes: int
     peak_bytes: int
@@ -28,8 +28,8 @@ class Point:
     solve_seconds: float = 0.0
 
 
-FIXED = ("checkpoint all", "sqrt", "selective", "full")
-BUDGETED = ("MILP", "LP rounding", "DTR", "greedy")
+FIXED = ("checkpoint all", "recompute all", "sqrt", "uniform (2)", "block (half)", "selective", "full")
+BUDGETED = ("MILP", "LP rounding", "DTR", "greedy", "one-level optimal")
 
 
 def budgets_between(graph: Graph, points: int = 5) -> list[int]:
@@ -44,7 +44,10 @@ def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: flo
     return what each predicted and measured; a planner that finds nothing at a budget is left out."""
     budgets = budgets_between(graph) if budgets is None else list(budgets)
     points = []
-    fixed = {"checkpoint all": lambda: chain_schedule(graph, "none"), "sqrt": lambda: chain_schedule(graph, "sqrt"),
+    fixed = {"checkpoint all": lambda: chain_schedule(graph, "none"), "recompute all": lambda: chain_schedule(graph, "all"),
+             "sqrt": lambda: chain_schedule(graph, "sqrt"),
+             "uniform (2)": lambda: chain_schedule(graph, "uniform", num_layers=2),
+             "block (half)": lambda: chain_schedule(graph, "block", num_layers=max(1, graph.n // 2)),
              "selective": lambda: nemo(graph, "selective"), "full": lambda: nemo(graph, "full")}
     for name in planners:
         if name in fixed:
@@ -64,7 +67,8 @@ def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: flo
                     continue
                 schedule = {"MILP": lambda: checkmate(graph, budget, time_limit=time_limit),
                             "LP rounding": lambda: checkmate(graph, budget, time_limit=time_limit, relax=True),
-                            "greedy": lambda: chain_schedule(graph, "greedy", budget_bytes=budget)}[name]()
+                            "greedy": lambda: chain_schedule(graph, "greedy", budget_bytes=budget),
+                            "one-level optimal": lambda: chain_schedule(graph, "optimal", budget_bytes=budget)}[name]()
             except (ValueError, TimeoutError):
                 continue
             points.append(_measured(name, budget, schedule))
