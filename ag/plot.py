@@ -206,7 +206,7 @@ def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, i
         ax.set_xlabel("measured peak (MB)")
         ax.grid(alpha=0.3)
     axes.flat[0].set_ylabel("recomputed FLOPs / one forward's")
-    handles, labels = {}, []
+    handles = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
