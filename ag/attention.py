@@ -17,7 +17,9 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO �
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,13 +176,19 @@ def _check_block(op: str, name: str, size) -> None:
 # ---- the tiled way: FlashAttention-2 on NumPy ----
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT_BLOCK_Q,
-                    block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False, backend: str = "numpy"):
+                    block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False, backend: str = "numpy",
+                    workers: int | None = None):
     """O = softmax(scale · Q Kᵀ + mask) V, tile by tile: no N×N array is ever held.
 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile
     from the saved logsumexp (gradients for q, k and v; for GQA, k's and v's summed over each
     group). With ``return_lse=True`` also returns lse = logsumexp of each row of scaled
     scores, shape (..., H, Nq), as an array.
+
+    ``workers`` (NumPy path): threads that share the key/value heads, each running the tile
+    loops on its heads with BLAS held to one thread (threadpoolctl), so nothing oversubscribes.
+    None means the machine's cores; without threadpoolctl (``pip install 'ag[fast]'``) it is 1.
+    Heads are independent, so the result is bit-identical for any number of workers.
     """
     _check_causal("flash_attention", causal)
     _check_block("flash_attention", "block_q", block_q)
@@ -190,7 +198,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     if _backend(backend, tq) == "cupy":
         forward, backward = _cupy_passes(causal, scale)
     else:
-        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k)
+        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k, workers)
     o, lse = forward(tq.value, tk.value, tv.value)
     if not tensors:
         return (o, lse) if return_lse else o
@@ -204,27 +212,76 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     return (out, lse) if return_lse else out
 
 
-def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int):
-    """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's tiles."""
+def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int,
+                  workers: int | None = None):
+    """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's
+    tiles, the key/value heads shared out among ``workers`` threads."""
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
     heads = _check_shapes("flash_attention", tq, tk, tv)
     tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
+    chunks = _head_chunks(heads.h_kv, _workers(workers))
 
     def forward(q, k, v):
-        o_lse = tiled_forward(tiles, q, k, v)
+        parts = _in_parallel([lambda a=a, b=b: tiled_forward(tiles.of_heads(a, b), *_heads_of(a, b, heads.group, q, k, v))
+                              for a, b in chunks])
         tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
         tiles.count_products(2)  # S = QKᵀ, PV
-        return o_lse
+        return tuple(_joined([p[i] for p in parts], axis) for i, axis in ((0, -3), (1, -2)))
 
     def backward(q, k, v, o, lse, do):
-        grads = tiled_backward(tiles, q, k, v, o, lse, do)
+        parts = _in_parallel([lambda a=a, b=b: tiled_backward(tiles.of_heads(a, b), *_heads_of(a, b, heads.group, q, k, v),
+                                                              *_heads_of(a, b, heads.group, o, lse=lse, do=do))
+                              for a, b in chunks])
         tiles.forget_masks()
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
-        return grads
+        return tuple(_joined([p[i] for p in parts], -3) for i in range(3))
     return forward, backward
+
+
+def _workers(workers) -> int:
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"flash_attention: workers must be a positive integer or None, got {workers!r}")
+    if workers > 1 and importlib.util.find_spec("threadpoolctl") is None:
+        return 1  # threads without a cap on BLAS's own would oversubscribe
+    return int(workers)
+
+
+def _head_chunks(h_kv: int, workers: int) -> list[tuple[int, int]]:
+    """Key/value heads [a, b) per worker, as even as they go."""
+    n = min(workers, h_kv)
+    edges = [h_kv * i // n for i in range(n + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _heads_of(a: int, b: int, group: int, *arrays, lse=None, do=None):
+    """The slices of q-shaped arrays (query heads a·group..b·group) and k-shaped ones (heads a..b)
+    that key/value heads [a, b) own; views, no copy."""
+    if lse is not None:  # o, lse, do for the backward
+        (o,) = arrays
+        rows = slice(a * group, b * group)
+        return o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :]
+    q, k, v = arrays
+    return q[..., a * group:b * group, :, :], k[..., a:b, :, :], v[..., a:b, :, :]
+
+
+def _in_parallel(jobs: list) -> list:
+    """Run the jobs, one thread each, with BLAS at one thread; one job runs here, as it is."""
+    if len(jobs) == 1:
+        return [jobs[0]()]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
+
+
+def _joined(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 def _cupy_passes(causal, scale):
@@ -295,6 +352,14 @@ class _Tiles:
 
     def forget_masks(self) -> None:
         self._masks.clear()
+
+    def of_heads(self, a: int, b: int) -> _Tiles:
+        """The same call restricted to key/value heads [a, b): a worker's own tiles (and mask cache)."""
+        if (a, b) == (0, self.heads.h_kv):
+            return self
+        h = self.heads
+        heads = _Heads(h.lead, (b - a) * h.group, b - a, h.n_q, h.n_k, h.d)
+        return _Tiles(heads, self.causal, self.scale, self.block_q, self.block_k)
 
     def count_products(self, per_tile: int) -> None:
         """Tell ``count_ops`` about ``per_tile`` (rows × d)·(d × cols) products on every visited

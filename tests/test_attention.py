@@ -285,3 +285,30 @@ def test_the_cupy_backend_without_a_gpu_says_why(monkeypatch):
     q, k, v = qkv(4, 4, 8, 2, 2)
     with pytest.raises(RuntimeError, match=r"backend='cupy'\): cupy.cuda.is_available\(\) is False"):
         flash_attention(q, k, v, backend="cupy")
+
+
+# ---- workers: the heads shared out among threads ----
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("h, h_kv", [(8, 8), (8, 2), (6, 3), (4, 1)])
+def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal):
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((2, n, 100, 16)).astype(np.float32) for n in (h, h_kv, h_kv)]
+    results = []
+    for workers in (1, 2, 3, None):
+        ts = [ag.Tensor(a, requires_grad=True) for a in arrays]
+        out = flash_attention(*ts, causal=causal, workers=workers, block_q=32, block_k=48)
+        ag.sum(out * out).backward()
+        results.append([out.value] + [t.grad for t in ts])
+    for other in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
+    expected = naive_attention(*arrays, causal=causal)
+    np.testing.assert_allclose(results[0][0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [0, -2, 1.5, True, "2"])
+def test_a_bad_number_of_workers_is_refused(workers):
+    q = np.ones((1, 2, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="workers must be a positive integer or None"):
+        flash_attention(q, q, q, workers=workers)
