@@ -20,7 +20,8 @@ The three contestants:
    loss = sum(O ∘ dO). Medians and bests of runs that take turns in one process, so that drift in
    the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
    the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
-   Goals: flash <= 1.3 × naive and flash <= 2 × torch, in time.
+   Goals: flash <= 1.3 × naive and flash <= 1.2 × torch, in time (flash runs with its default
+   workers, the machine's cores, BLAS at one thread each).
 3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the
    growth of the resident set in a fresh subprocess (``_memory.py``). Goal: flash <= naive / 10.
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
@@ -53,7 +54,7 @@ from mlp import machine_lines, print_table  # noqa: E402
 MB = 10**6
 B, H, D = 1, 8, 64
 NAIVE_GOAL = 1.3   # flash time / naive time
-TORCH_GOAL = 2.0   # flash time / torch time
+TORCH_GOAL = 1.2   # flash time / torch time (issue 14; the stretch goal is 1.0)
 MEMORY_GOAL = 0.1  # flash peak / naive peak
 BLOCKS = (64, 128, 256, 512, 1024)
 
@@ -289,7 +290,7 @@ def time_row(n: int, causal: bool, what: str, times: dict, passes: float) -> lis
 
 
 TIME_HEADER = ["N", "mask", "flash ms", "naive ms", "torch ms", "flash GFLOP/s", "naive GFLOP/s", "torch GFLOP/s",
-               "flash/naive", f"goal <= {NAIVE_GOAL}", "flash/torch", f"goal <= {TORCH_GOAL:.0f}",
+               "flash/naive", f"goal <= {NAIVE_GOAL}", "flash/torch", f"goal <= {TORCH_GOAL:g}",
                "best flash/naive", "best flash/torch", "runs f/n/t"]
 
 
@@ -314,7 +315,7 @@ def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None
         naive_met = sum(r[9] == "met" for r in rows)
         torch_met = sum(r[11] == "met" for r in rows)
         print(f"goals, {what}: flash <= {NAIVE_GOAL} x naive in {naive_met} of {len(rows)} rows; "
-              f"flash <= {TORCH_GOAL:.0f} x torch in {torch_met} of {len(rows)} rows")
+              f"flash <= {TORCH_GOAL:g} x torch in {torch_met} of {len(rows)} rows")
 
 
 # ---- 3. peak memory of one step ----

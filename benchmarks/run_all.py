@@ -1,0 +1,58 @@
+"""Every benchmark's ratio tables on this machine, one after another, and their goals at the end.
+
+    python benchmarks/run_all.py --quick    # small sizes: under 3 minutes on 2 cores
+    python benchmarks/run_all.py            # the full sizes of each script: about half an hour
+
+Each script runs in its own process (as you would run it), its output streamed; the lines that
+say "met" or "NOT met" outside the tables (and attention's "goals, ..." counts) are gathered at the
+end. Every table cell that says met or NOT met stays in the script's own output above. ``grading.py`` is left out (it needs root and a
+class of copies); run it on its own.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = {  # script: extra arguments with --quick
+    "mlp.py": [],
+    "op_overhead.py": [],
+    "remat.py": [],
+    "attention.py": ["--skip", "sweep,anatomy"],
+    "transformer.py": [],
+    "remat_solver.py": ["--part", "2", "--time-limit", "5", "--repeats", "3"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each script's --quick sizes")
+    parser.add_argument("--only", help="comma-separated scripts to run (default: all)")
+    args = parser.parse_args()
+    chosen = args.only.split(",") if args.only else list(SCRIPTS)
+    verdicts, start = [], time.perf_counter()
+    for script in chosen:
+        command = [sys.executable, os.path.join(HERE, script)]
+        if args.quick:
+            command += ["--quick", *SCRIPTS[script]]
+        print(f"\n===== {' '.join(['python', 'benchmarks/' + script, *command[2:]])}", flush=True)
+        began = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            text = line.strip()
+            if not text.startswith("|") and (text.startswith("goals") or text.endswith("met")):
+                verdicts.append(f"{script}: {text}")
+        if process.wait() != 0:
+            verdicts.append(f"{script}: FAILED with exit code {process.returncode}")
+        print(f"===== {script}: {time.perf_counter() - began:.0f} s", flush=True)
+    print(f"\nGoals ({time.perf_counter() - start:.0f} s in all):")
+    for line in verdicts:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()
