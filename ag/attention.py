@@ -225,16 +225,18 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     chunks = _head_chunks(heads.h_kv, _workers(workers))
 
     def forward(q, k, v):
-        parts = _in_parallel([lambda a=a, b=b: tiled_forward(tiles.of_heads(a, b), *_heads_of(a, b, heads.group, q, k, v))
+        parts = _in_parallel([lambda a=a, b=b: tiled_forward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v))
                               for a, b in chunks])
         tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
         tiles.count_products(2)  # S = QKᵀ, PV
-        return tuple(_joined([p[i] for p in parts], axis) for i, axis in ((0, -3), (1, -2)))
+        return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
 
     def backward(q, k, v, o, lse, do):
-        parts = _in_parallel([lambda a=a, b=b: tiled_backward(tiles.of_heads(a, b), *_heads_of(a, b, heads.group, q, k, v),
-                                                              *_heads_of(a, b, heads.group, o, lse=lse, do=do))
-                              for a, b in chunks])
+        def part(a: int, b: int):
+            rows = slice(a * heads.group, b * heads.group)
+            return tiled_backward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v),
+                                  o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :])
+        parts = _in_parallel([lambda a=a, b=b: part(a, b) for a, b in chunks])
         tiles.forget_masks()
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return tuple(_joined([p[i] for p in parts], -3) for i in range(3))
@@ -258,14 +260,8 @@ def _head_chunks(h_kv: int, workers: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _heads_of(a: int, b: int, group: int, *arrays, lse=None, do=None):
-    """The slices of q-shaped arrays (query heads a·group..b·group) and k-shaped ones (heads a..b)
-    that key/value heads [a, b) own; views, no copy."""
-    if lse is not None:  # o, lse, do for the backward
-        (o,) = arrays
-        rows = slice(a * group, b * group)
-        return o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :]
-    q, k, v = arrays
+def _kv_heads(a: int, b: int, group: int, q, k, v):
+    """The views of q, k and v that key/value heads [a, b) own: query heads a·group..b·group."""
     return q[..., a * group:b * group, :, :], k[..., a:b, :, :], v[..., a:b, :, :]
 
 

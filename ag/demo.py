@@ -168,7 +168,6 @@ def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed:
 
 def remat_demo(out_dir: str = "ag-plots") -> None:
     """Print the strategy table for the lecture's 10-layer chain and write its two plots."""
-    import os
     runs = remat_strategies()
     print("Rematerialization on 10 layers of x = ag.matmul(x, w): batch 512, width 1000, float32")
     print("(peak: tracemalloc over forward + backward; pred: ag.remat.predict, which counts activations")
@@ -186,21 +185,14 @@ def remat_demo(out_dir: str = "ag-plots") -> None:
     print()
     print("matmuls: the lecture counts 30 without and 75 with full recomputation because it also")
     print("computes the input's grad; ag skips it (the input needs none), so 29 and 74.")
-    try:
-        from . import plot
-        os.makedirs(out_dir, exist_ok=True)
-        timeline_path = os.path.join(out_dir, "remat_timeline.png")
-        stack_path = os.path.join(out_dir, "remat_stack.png")
-        tradeoff_path = os.path.join(out_dir, "remat_tradeoff.png")
-        plot.memory_timeline({r.strategy: r.timeline for r in runs}, path=timeline_path,
-                             title="Memory over one training step, by strategy")
-        plot.memory_stack({r.strategy: r.timeline for r in runs}, path=stack_path,
-                          title="What the memory holds, by strategy (line: tracemalloc)")
-        plot.tradeoff({r.strategy: (r.peak_bytes, r.counts.flops["recompute"]) for r in runs},
-                      path=tradeoff_path, title="Peak memory against recomputation")
-        print(f"plots written: {timeline_path}, {stack_path}, {tradeoff_path}")
-    except ImportError as error:
-        print(f"plots skipped: {error}")
+    timelines = {r.strategy: r.timeline for r in runs}
+    _save_plot(out_dir, "remat_timeline.png", lambda plot, path: plot.memory_timeline(
+        timelines, path=path, title="Memory over one training step, by strategy"))
+    _save_plot(out_dir, "remat_stack.png", lambda plot, path: plot.memory_stack(
+        timelines, path=path, title="What the memory holds, by strategy (line: tracemalloc)"))
+    _save_plot(out_dir, "remat_tradeoff.png", lambda plot, path: plot.tradeoff(
+        {r.strategy: (r.peak_bytes, r.counts.flops["recompute"]) for r in runs}, path=path,
+        title="Peak memory against recomputation"))
 
 
 def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit: float = 10) -> dict:
@@ -283,7 +275,6 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
 
 def attention_demo(out_dir: str = "ag-plots", device="cpu") -> None:
     """Print how the peak memory of attention grows with N, and plot it on log-log axes."""
-    import os
     rows = attention_scaling(device=device)
     where = "tracemalloc" if device == "cpu" else "GPU: CuPy's memory pool (tracemalloc cannot see it)"
     print(f"Peak memory of one attention forward + backward ({where}), 1 head, d = 64, float32")
@@ -298,16 +289,9 @@ def attention_demo(out_dir: str = "ag-plots", device="cpu") -> None:
     print()
     print("naive holds S and P (N x N each) and their grads; flash holds O(N·d): Q, K, V, O, the")
     print("logsumexp and one tile. Doubling N multiplies naive's peak by ~4 and flash's by ~2.")
-    try:
-        from . import plot
-        os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "attention_scaling.png")
-        plot.scaling({"naive": [(r.n, r.naive_bytes) for r in rows if r.naive_bytes],
-                      "flash": [(r.n, r.flash_bytes) for r in rows]}, path=path,
-                     title="Attention: peak memory of forward + backward")
-        print(f"plot written: {path}")
-    except ImportError as error:
-        print(f"plot skipped: {error}")
+    _save_plot(out_dir, "attention_scaling.png", lambda plot, path: plot.scaling(
+        {"naive": [(r.n, r.naive_bytes) for r in rows if r.naive_bytes], "flash": [(r.n, r.flash_bytes) for r in rows]},
+        path=path, title="Attention: peak memory of forward + backward"))
 
 
 def measure_activation_bytes(model, x: Tensor) -> int:
@@ -455,7 +439,6 @@ def _series_label(row: ActivationRow) -> str:
 def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
     """Print the activation bytes per layer of float16 transformer layers against the
     formulas, and plot measured against predicted (no plot when ``out_dir`` is None)."""
-    import os
     rows = transformer_memory()
     print("Activation memory per transformer layer after its forward, float16 values, 1-byte masks")
     print("(measured: NumPy's buffers in tracemalloc, minus the output, plus the input;")
@@ -468,13 +451,6 @@ def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
     print("plus its logsumexp (2asb); a full stack's rows are its bytes after the forward over L.")
     if out_dir is None:
         return rows
-    try:
-        from . import plot
-        os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "transformer_memory.png")
-        plot.measured_vs_predicted(activation_series(rows), path=path,
-                                   title="Activations per transformer layer, float16: measured against formula")
-        print(f"plot written: {path}")
-    except ImportError as error:
-        print(f"plot skipped: {error}")
+    _save_plot(out_dir, "transformer_memory.png", lambda plot, path: plot.measured_vs_predicted(
+        activation_series(rows), path=path, title="Activations per transformer layer, float16: measured against formula"))
     return rows

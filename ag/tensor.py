@@ -79,9 +79,6 @@ def phase(name: str) -> Iterator[None]:
         config.phase = previous
 
 
-_phase = phase
-
-
 @contextlib.contextmanager
 def eager_grads(enabled: bool = True) -> Iterator[None]:
     """The lecture's "before": every Tensor allocates ``grad = zeros_like(value)`` in its
@@ -235,8 +232,9 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
             discard_value_if_has_rematerializer(t)
     if _recorders:
         _recorders[-1].append(output)
-    for observe in _observers:
-        observe(output)
+    if _observers:
+        for observe in _observers:
+            observe(output)
     trace.record(config.phase, op, output.name)  # "recompute" when a rematerializer runs it
     return output
 
@@ -385,7 +383,7 @@ def _run_step(node: Tensor) -> None:
         ### END SOLUTION
     _step.begin(node)
     try:
-        with _phase("backward"):
+        with phase("backward"):
             node._backward(node)
     finally:
         _step.end()
@@ -402,7 +400,7 @@ def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
     if tensor.rematerializer is None:
         raise GraphError(f"{needed_by} needs the value of {tensor.describe()}, "
                          "which was discarded and has no rematerializer")
-    with no_grad(), _phase("recompute"):
+    with no_grad(), phase("recompute"):
         value = tensor.rematerializer()
     value = value.value if isinstance(value, Tensor) else _array(value)
     if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):

@@ -53,7 +53,7 @@ EXERCISES = (
         "rematerialize. Task 2: a tensor with a rematerializer is not a checkpoint: write "
         "discard_value_if_has_rematerializer, and call it after the last step that reads a value.",
         (("tensor", "_run_step"), ("tensor", "discard_value_if_has_rematerializer")),
-        "from ag.tensor import Tensor, _phase, _step, rematerialize",
+        "from ag.tensor import Tensor, _step, phase, rematerialize",
         "import numpy as np\nimport ag\nfrom ag import course, remat\ncourse.install(__name__)\n"
         "rng = np.random.default_rng(0)\nws = [ag.Tensor(rng.standard_normal((8, 8)) / 3, requires_grad=True) "
         "for _ in range(10)]\nlayers = [lambda h, w=w: h @ w for w in ws]\nx = ag.Tensor(rng.standard_normal((4, 8)))\n"

@@ -39,7 +39,7 @@ import numpy as np
 from .graph import Graph
 from .keep import complete
 from .model import prune
-from .schedule import Schedule
+from .schedule import Schedule, cheapest_within
 
 
 def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax: bool = False) -> Schedule:
@@ -115,43 +115,44 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
                 bound: float | None) -> Schedule | None:
     """Stopped by the time limit: the best of what HiGHS found, the LP rounding and the fixed
     plans that fit (the incumbents a solver could start from), with the gap to the best bound."""
-    from .keep import chain_schedule, nemo
-    best = None
-    for s in found:
-        if s is not None and s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
-            best = s
-    for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
-                 lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")):
-        try:
-            s = make()
-        except ValueError:
-            continue
-        if s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
-            best = s
+    best = cheapest_within([*found, *_fixed_plans(graph)], budget)
     if best is None:
         return None
-    best = Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds)
-    best.lower_bound = 0.0 if bound is None else min(bound, best.recompute_flops)  # none known: the trivial one
-    spent = best.recompute_flops
-    best.gap = 0.0 if spent == 0 else max(0.0, (spent - best.lower_bound) / spent)
+    best = _with_bound(Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds), bound)
     if best.gap == 0:
         best.status = "optimal"  # the bound proves it, though HiGHS did not finish
     return best
 
 
+def _fixed_plans(graph: Graph):
+    from .keep import chain_schedule, nemo
+    for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
+                 lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")):
+        try:
+            yield make()
+        except ValueError:
+            continue  # NeMo's modes need a transformer
+
+
+def _with_bound(schedule: Schedule, bound: float | None) -> Schedule:
+    """Attach the best lower bound on recompute known (none: the trivial 0) and the gap to it."""
+    spent = schedule.recompute_flops
+    schedule.lower_bound = min(bound or 0.0, spent)
+    schedule.gap = 0.0 if spent == 0 else (spent - schedule.lower_bound) / spent
+    return schedule
+
+
 def lower_bound_bytes(graph: Graph) -> int:
     """No schedule peaks below this: every stage must at least hold what its own step reads."""
-    floor, hidden = graph.leaf_bytes, 0
-    for node in graph.nodes:
-        hidden += node.hidden_bytes
-        need = graph.with_bases(node.deps) | {node.index}
-        held = sum(graph.nodes[i].size for i in need)
-        floor = max(floor, graph.leaf_bytes + hidden + held + node.workspace_bytes)
+    floor, n = graph.leaf_bytes, graph.n
+    for t, node in enumerate(graph.nodes):
+        held = sum(graph.nodes[i].size for i in graph.with_bases(node.deps) | {t})
+        floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(t) + node.hidden_bytes + held
+                    + node.workspace_bytes)
     for j, step in enumerate(graph.steps):
-        need = graph.with_bases(step.reads)
-        held = sum(graph.nodes[i].size for i in need)
-        floor = max(floor, graph.leaf_bytes + hidden + step.grad_bytes + held + step.extra_bytes)
-        hidden -= graph.nodes[step.node].hidden_bytes
+        held = sum(graph.nodes[i].size for i in graph.with_bases(step.reads))
+        floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(n + j) + step.grad_bytes + held
+                    + step.extra_bytes)
     return int(floor)
 
 
@@ -196,16 +197,6 @@ class _Program:
 
     def unscale(self, objective: float) -> float:
         return objective * self.scale
-
-    def size(self, t: int, i: int) -> int:
-        return self.graph.nodes[i].size
-
-    def hidden(self, t: int) -> int:
-        """Bytes kept by closures when stage t starts: made before it, their backward step not run."""
-        g, n = self.graph, self.n
-        if t < n:
-            return sum(node.hidden_bytes for node in g.nodes[:t])
-        return sum(g.nodes[step.node].hidden_bytes for step in g.steps[t - n:])
 
     def build(self, sparse):
         g, T, n = self.graph, self.T, self.n
@@ -257,24 +248,24 @@ class _Program:
     def _memory(self, t: int, reads, row) -> None:
         g, n = self.graph, self.n
         step = t - n if t >= n else None
-        const = g.leaf_bytes + self.hidden(t) + (g.steps[step].grad_bytes if step is not None else 0)
+        const = g.leaf_bytes + g.hidden_bytes_at(t) + (g.steps[step].grad_bytes if step is not None else 0)
         read_set = g.with_bases(reads)
         budget = self.budget
         for k in range(n):
             U = self.U[t, k]
             entries = [(U, 1)]
             if k == 0:
-                entries += [(self.S[t, i], -self.size(t, i)) for i in range(n) if self.S[t, i] >= 0]
+                entries += [(self.S[t, i], -g.nodes[i].size) for i in range(n) if self.S[t, i] >= 0]
                 low = high = const
             else:
                 entries.append((self.U[t, k - 1], -1))
-                entries += [(self.FREE[t, d, k - 1], self.size(t, d)) for d in self.candidates[k - 1]
+                entries += [(self.FREE[t, d, k - 1], g.nodes[d].size) for d in self.candidates[k - 1]
                             if (t, d, k - 1) in self.FREE]
                 low = high = 0
             if k == t:  # the first computation of node t also makes its closure's arrays
                 low = high = low + g.nodes[t].hidden_bytes
             if self.R[t, k] >= 0:
-                entries.append((self.R[t, k], -self.size(t, k)))
+                entries.append((self.R[t, k], -g.nodes[k].size))
                 row([(U, 1), (self.R[t, k], g.nodes[k].workspace_bytes)], -np.inf, budget)
             else:
                 row([(U, 1)], -np.inf, budget)
@@ -283,7 +274,7 @@ class _Program:
                 self._free(t, k, read_set, row)
         last = self.U[t, n]
         entries = [(last, 1), (self.U[t, n - 1], -1)]
-        entries += [(self.FREE[t, d, n - 1], self.size(t, d)) for d in self.candidates[n - 1]
+        entries += [(self.FREE[t, d, n - 1], g.nodes[d].size) for d in self.candidates[n - 1]
                     if (t, d, n - 1) in self.FREE]
         row(entries, 0, 0)
         if step is not None:
@@ -351,16 +342,9 @@ def _round(graph: Graph, program: _Program, x: np.ndarray, objective: float, bud
     rng = np.random.default_rng(0)
     candidates = [S_frac >= threshold for threshold in (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)]
     candidates += [rng.random(S_frac.shape) < S_frac for _ in range(8)]
-    best = None
-    for S_round in candidates:
-        s = complete(graph, S_round, "checkmate LP rounding")
-        if s.predicted_peak_bytes <= budget and (best is None or s.recompute_flops < best.recompute_flops):
-            best = s
+    best = cheapest_within([complete(graph, S_round, "checkmate LP rounding") for S_round in candidates], budget)
     if best is None:
         raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
                          "use the MILP (relax=False) or a larger budget")
     best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", seconds
-    best.lower_bound = lp_bound
-    spent = best.recompute_flops
-    best.gap = 0.0 if spent == 0 else max(0.0, (spent - lp_bound) / spent)
-    return best
+    return _with_bound(best, lp_bound)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..tensor import GraphError, Tensor, _phase, accumulate_grad, backward, make_output, no_grad, release_unneeded
+from ..tensor import GraphError, Tensor, accumulate_grad, backward, make_output, no_grad, phase, release_unneeded
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
@@ -25,7 +25,7 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
 
     def _backward(out: Tensor) -> None:
         again = [Tensor(t.value, requires_grad=t.requires_grad) for t in inputs]
-        with _phase("recompute"):
+        with phase("recompute"):
             rerun = fn(*again)
         release_unneeded([rerun], again)  # as the first forward would have: keep what backward reads
         if rerun.shape != out.shape:

@@ -152,6 +152,14 @@ class Graph:
     def forward_flops(self) -> int:
         return int(sum(node.flops for node in self.nodes))
 
+    def hidden_bytes_at(self, stage: int) -> int:
+        """Bytes the closures keep when ``stage`` starts: nodes made before it whose backward step
+        has not run (a forward stage t follows the first computations of nodes 0..t-1)."""
+        n = len(self.nodes)
+        if stage < n:
+            return sum(node.hidden_bytes for node in self.nodes[:stage])
+        return sum(self.nodes[step.node].hidden_bytes for step in self.steps[stage - n:])
+
     def views(self, index: int) -> list[int]:
         """The nodes that view ``index``'s buffer, directly or through other views."""
         return [v.index for v in self.nodes if v.view_of is not None and v.index != index

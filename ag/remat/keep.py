@@ -16,7 +16,7 @@ import numpy as np
 from .graph import Graph
 from .model import prune
 from .plans import plan
-from .schedule import Schedule
+from .schedule import Schedule, cheapest_within
 
 
 def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
@@ -118,15 +118,13 @@ def chain_schedule(graph: Graph, strategy: str, *, num_layers: int | None = None
         sizes = [max(1, node.size) for node in graph.nodes]
         from .cost import ChainProfile
         chain = ChainProfile(tuple(sizes), tuple(max(1, node.flops) for node in graph.nodes))
-        best = None
+        tried = []
         for chain_budget in np.unique(np.geomspace(max(sizes), 3 * sum(sizes), 40).astype(np.int64)):
             try:
-                kept = plan(n, strategy, chain=chain, budget_bytes=int(chain_budget))
+                tried.append(from_keep(graph, plan(n, strategy, chain=chain, budget_bytes=int(chain_budget)), strategy))
             except ValueError:
-                continue
-            s = from_keep(graph, kept, strategy)
-            if s.predicted_peak_bytes <= budget_bytes and (best is None or s.recompute_flops < best.recompute_flops):
-                best = s
+                continue  # nothing fits this chain budget
+        best = cheapest_within(tried, budget_bytes)
         if best is None:
             raise ValueError(f"chain_schedule: no {strategy} plan fits {budget_bytes:,} bytes on this graph")
         best.budget_bytes = budget_bytes

@@ -111,9 +111,7 @@ def stage_peak(graph: Graph, t: int, kept, computes, keep_next) -> int:
     memory = Memory(graph)
     n = graph.n
     memory.made = set(range(t)) if t < n else set(range(n))
-    memory.hidden = sum(graph.nodes[i].hidden_bytes for i in memory.made)
-    if t >= n:
-        memory.hidden -= sum(graph.nodes[step.node].hidden_bytes for step in graph.steps[:t - n])
+    memory.hidden = graph.hidden_bytes_at(t)
     memory.values = sum(graph.nodes[i].size for i in kept)
     memory.stage(t)
     for kind, _, x in stage_events(graph, t, set(kept), sorted(computes), set(keep_next)):

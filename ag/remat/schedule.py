@@ -72,3 +72,10 @@ class Schedule:
         ax.set_ylabel("stage (forward above the line, backward below)")
         ax.set_title(f"{self.planner}: R (dark) and S (light)", fontsize=9)
         return ax
+
+
+def cheapest_within(schedules, budget_bytes: int) -> Schedule | None:
+    """The schedule that recomputes least among those whose predicted peak fits ``budget_bytes``
+    (None entries are skipped; None when none fits)."""
+    fitting = [s for s in schedules if s is not None and s.predicted_peak_bytes <= budget_bytes]
+    return min(fitting, key=lambda s: s.recompute_flops, default=None)
