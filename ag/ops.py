@@ -41,7 +41,7 @@ def _operands(op: str, a, b) -> tuple[Tensor, Tensor]:
 
 
 def _broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
-    if all(shape == shapes[0] for shape in shapes):
+    if shapes.count(shapes[0]) == len(shapes):  # the common case, without a generator
         return shapes[0]
     try:
         return np.broadcast_shapes(*shapes)
@@ -72,7 +72,12 @@ def _axis(op: str, axis: int, ndim: int) -> int:
 
 def _expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     """Put the reduced axes back as size-1 dimensions, so ``g`` broadcasts against the input."""
-    return g if keepdims else np.expand_dims(g, axes)
+    if keepdims:
+        return g
+    shape = list(g.shape)
+    for ax in axes:  # sorted, so each lands where it was
+        shape.insert(ax, 1)
+    return g.reshape(shape)
 
 
 # ---- elementwise binary ops ----
@@ -218,21 +223,22 @@ def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> n
 
 
 def _check_matmul(a: Tensor, b: Tensor) -> None:
-    if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes {a.shape} "
-                         f"and {b.shape} (use mul for a scalar)")
-    k_a = a.shape[-1]
-    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    a_shape, b_shape = a.shape, b.shape
+    if not a_shape or not b_shape:
+        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes {a_shape} "
+                         f"and {b_shape} (use mul for a scalar)")
+    k_a = a_shape[-1]
+    k_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
     if k_a != k_b:
-        raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} do not align: the last "
+        raise ShapeError(f"matmul: shapes {a_shape} and {b_shape} do not align: the last "
                          f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
-    if a.ndim <= 2 and b.ndim <= 2:
+    if len(a_shape) <= 2 and len(b_shape) <= 2:
         return
     try:
-        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
     except ValueError:
-        raise ShapeError(f"matmul: batch dimensions {a.shape[:-2]} and {b.shape[:-2]} of shapes "
-                         f"{a.shape} and {b.shape} do not broadcast") from None
+        raise ShapeError(f"matmul: batch dimensions {a_shape[:-2]} and {b_shape[:-2]} of shapes "
+                         f"{a_shape} and {b_shape} do not broadcast") from None
 
 
 def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
@@ -248,7 +254,7 @@ def sum(a, axis=None, keepdims: bool = False) -> Tensor:
 
     def _backward(out: Tensor) -> None:
         accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
-    return make_output(np.sum(a.value, axis=axes, keepdims=keepdims), "sum", (a,), _backward)
+    return make_output(a.value.sum(axis=axes, keepdims=keepdims), "sum", (a,), _backward)
 
 
 def mean(a, axis=None, keepdims: bool = False) -> Tensor:

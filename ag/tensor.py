@@ -20,6 +20,7 @@ needs it.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from typing import Callable, Iterator, Sequence
 
@@ -67,16 +68,21 @@ def no_grad() -> Iterator[None]:
         config.grad_enabled = previous
 
 
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
+class phase:
     """Label the ops run inside: "forward", "backward" or "recompute" (``count_ops`` and
-    ``tracing`` file what runs under the label)."""
-    previous = config.phase
-    config.phase = name
-    try:
-        yield
-    finally:
-        config.phase = previous
+    ``tracing`` file what runs under the label).
+
+    A class rather than a generator: every backward step enters one, and this costs a third.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.previous, config.phase = config.phase, self.name
+
+    def __exit__(self, *exc_info) -> None:
+        config.phase = self.previous
 
 
 @contextlib.contextmanager
@@ -96,26 +102,28 @@ class Tensor:
 
     __array_priority__ = 1000  # so that ndarray + Tensor calls Tensor.__radd__
 
+    # What a tensor is until an op or a call says otherwise (a leaf, outside any graph).
+    op: str | None = None                        # the op that made it; None for a leaf
+    inputs: tuple[Tensor, ...] = ()              # the inputs that require grad
+    _backward: Callable[[Tensor], None] | None = None
+    _saved: tuple[Tensor, ...] = ()              # the inputs whose values _backward reads
+    _saves_output = False                        # and whether it reads the output's own value
+    _retains_grad = False
+    _graph_freed = False
+    _needed_by = 0                               # how many backward steps still read this value
+
     def __init__(self, value, requires_grad: bool = False,
                  rematerializer: Rematerializer | None = None, name: str | None = None):
-        self.value = _as_array(value, name)
-        self._shape, self._dtype = self.value.shape, self.value.dtype
+        self.value = value = _as_array(value, name)
+        self._shape, self._dtype = value.shape, value.dtype
         floating = self._dtype.kind in "fc"
         if requires_grad and not floating:
             raise TypeError(f"Tensor {name or ''}: only floating-point tensors can require grad, "
                             f"got dtype {self._dtype}")
         self.requires_grad = bool(requires_grad) or (config.eager_grads and floating)
-        self.grad = np.zeros_like(self.value) if config.eager_grads else None
+        self.grad = np.zeros_like(value) if config.eager_grads else None
         self.rematerializer = rematerializer
         self.name = name
-        self.op: str | None = None
-        self.inputs: tuple[Tensor, ...] = ()
-        self._backward: Callable[[Tensor], None] | None = None
-        self._saved: tuple[Tensor, ...] = ()
-        self._saves_output = False
-        self._retains_grad = False
-        self._graph_freed = False
-        self._needed_by = 0
         trace.watch_value(self)
         if self.grad is not None:
             trace.watch_grad(self)
@@ -135,7 +143,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -191,6 +199,10 @@ class Tensor:
 
 
 def _as_array(value, name: str | None) -> np.ndarray:
+    if type(value) is np.ndarray and value.dtype.kind in "biufc":
+        return value  # an op's result, the common case
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return np.asarray(value)  # a full reduction's scalar
     if isinstance(value, Tensor):
         raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
     array = _array(value)
@@ -217,16 +229,19 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
     ``saves`` lists the inputs whose ``.value`` the backward reads, ``saves_output``
     says it reads the output's own value: rematerialization restores exactly those.
     """
-    grad_inputs = tuple([t for t in inputs if t.requires_grad]) if config.grad_enabled else ()
-    output = Tensor(value, requires_grad=bool(grad_inputs))
+    output = Tensor(value)
     output.op = op
+    grad_inputs = tuple([t for t in inputs if t.requires_grad]) if config.grad_enabled else ()
     if grad_inputs:
+        output.requires_grad = True
         output.inputs = grad_inputs
         output._backward = backward
-        output._saved = tuple(saves)
-        output._saves_output = saves_output
-        for t in output._saved + ((output,) if saves_output else ()):
+        output._saved = saves = tuple(saves)
+        for t in saves:
             t._needed_by += 1
+        if saves_output:
+            output._saves_output = True
+            output._needed_by += 1
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
@@ -235,7 +250,7 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
     if _observers:
         for observe in _observers:
             observe(output)
-    trace.record(config.phase, op, output.name)  # "recompute" when a rematerializer runs it
+    trace.record(config.phase, op, None)  # phase is "recompute" when a rematerializer runs it
     return output
 
 
