@@ -251,7 +251,7 @@ def print_goals(n: int, runs: dict[str, AgRun], med, best, without_output: int) 
 
 
 def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
+    return "met" if ok else "missed"
 
 
 def print_torch_table(n: int, runs: dict[str, AgRun], torch_calls, med, best, memory) -> None:

@@ -3,9 +3,9 @@
     python benchmarks/run_all.py --quick    # small sizes: under 3 minutes on 2 cores
     python benchmarks/run_all.py            # the full sizes of each script: about half an hour
 
-Each script runs in its own process (as you would run it), its output streamed; the lines that
-say "met" or "NOT met" outside the tables (and attention's "goals, ..." counts) are gathered at the
-end. Every table cell that says met or NOT met stays in the script's own output above. ``grading.py`` is left out (it needs root and a
+Each script runs in its own process (as you would run it), its output streamed; every script ends
+with one ``goal: ...: met`` or ``...: missed`` line per goal (``benchmarks/_goals.py``), and those
+lines are gathered at the end. ``grading.py`` is left out (it needs root and a
 class of copies); run it on its own.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
         for line in process.stdout:
             print(line, end="", flush=True)
             text = line.strip()
-            if not text.startswith("|") and (text.startswith("goals") or text.endswith("met")):
+            if text.startswith("goal"):
                 verdicts.append(f"{script}: {text}")
         if process.wait() != 0:
             verdicts.append(f"{script}: FAILED with exit code {process.returncode}")

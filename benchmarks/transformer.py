@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
+from _goals import goal  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
 MB = 10**6
@@ -381,6 +382,15 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+GOAL = 1.10  # issue 14: ag / torch, in time and in peak memory, in every mode
+LIMITS = {
+    "time": "NumPy's elementwise passes (softmax, GeLU, layer norm, dropout) run on one core, torch's on both",
+    "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
+    "memory selective": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
+    "memory full": "the rerun layer's forward temporaries alive beside its backward's",
+}
+
+
 def main() -> None:
     args = parse_args()
     if args.memory_worker:
@@ -414,15 +424,24 @@ def main() -> None:
     took["time"], start = time.perf_counter() - start, time.perf_counter()
     del steps
     gc.collect()
+    time_rows, memory_rows = time_table(times), []
     print_table(f"Time per step (median and best of {args.repeats} after a warm-up, every contestant in turn)",
                 ["mode", "torch plan", "ag ms", "torch ms", "ag/torch", "best ag ms", "best torch ms",
-                 "best ag/torch", "ag / ag none", "torch / torch none"], time_table(times))
+                 "best ag/torch", "ag / ag none", "torch / torch none"], time_rows)
     if not args.no_memory:
+        memory_rows = memory_table(args)
         print_table("Peak memory of one step (RSS growth in a fresh subprocess; ag also by tracemalloc)",
                     ["mode", "ag tracemalloc MB", "ag RSS MB", "torch RSS MB", "ag/torch (RSS)",
-                     "ag saved", "torch saved", "kept after step ag / torch MB"], memory_table(args))
+                     "ag saved", "torch saved", "kept after step ag / torch MB"], memory_rows)
         print(MEMORY_METHOD)
         took["memory"] = time.perf_counter() - start
+    print()
+    for row in time_rows:
+        goal(f"transformer step time, {row[0]}, ag / torch (median)", float(row[4]), GOAL,
+             limited_by=LIMITS["time"])
+    for row in memory_rows:
+        goal(f"transformer step peak, {row[0]}, ag / torch (RSS)", float(row[4]), GOAL,
+             limited_by=LIMITS[f"memory {row[0]}"])
     print(f"\nload average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the run took "
           f"{time.perf_counter() - started:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()) + ")")
 

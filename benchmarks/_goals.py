@@ -1,0 +1,23 @@
+"""Each goal as one line of a benchmark's output: what is compared, the figure, the goal, met or missed.
+
+    goal: MLP float32 time, ag / torch (median) = 0.93 (goal <= 1): met
+    goal: per-op add, forward with a graph, ag / torch = 1.21 (goal <= 1): missed; limited by ...
+
+A missed goal says what limits it, never hidden. ``run_all.py`` gathers these lines.
+"""
+from __future__ import annotations
+
+
+def verdict(ratio: float, goal: float, resolution: float = 0.0) -> str:
+    """"met" when ``ratio <= goal`` (within the method's ``resolution``), else "missed"."""
+    return "met" if ratio <= goal + resolution else "missed"
+
+
+def goal(what: str, ratio: float, limit: float, *, limited_by: str = "", resolution: float = 0.0) -> str:
+    """Print (and return) the goal line for ``what``: ``ratio`` against ``limit``."""
+    result = verdict(ratio, limit, resolution)
+    line = f"goal: {what} = {ratio:.2f} (goal <= {limit:g}): {result}"
+    if result == "missed" and limited_by:
+        line += f"; limited by {limited_by}"
+    print(line)
+    return line
