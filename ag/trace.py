@@ -22,13 +22,17 @@ its high-water mark, kept by a CuPy memory hook that looks after every allocatio
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
 import tracemalloc
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import numpy as np
+
+from .export import export_perfetto, export_torch_snapshot
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain
 MB = 10**6
@@ -42,11 +46,35 @@ CATEGORIES = ("inputs", "parameters", "activations kept", "activations recompute
 
 
 @dataclass(frozen=True)
+class Buffer:
+    """One live buffer in a ``tracing()`` snapshot, counted once however many tensors view it.
+
+    ``key`` names the buffer for the whole trace (``id()`` is reused once a buffer is freed);
+    ``shape``, ``dtype`` and ``nbytes`` are the allocated array's, not a view's; ``op`` made the
+    tensor that holds it (None for a leaf); ``phase`` ("forward", "backward" or "recompute") is when
+    it was allocated; ``kind`` is "value" or "grad".
+    """
+
+    key: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    category: str
+    op: str | None
+    phase: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Bytes alive at one moment of a trace, with a label saying what just ran.
 
     In a ``tracing()`` timeline, ``categories`` is ag's own count of the same moment: the
-    bytes held by tensors made (or given a grad) inside the trace, by CATEGORIES.
+    bytes held by tensors made (or given a grad) inside the trace, by CATEGORIES; ``buffers``
+    lists those bytes one buffer at a time (per category they sum to ``categories``), and
+    ``time_ns`` is ``time.perf_counter_ns()`` when the step finished, less the time tracing itself
+    has spent so far, so the gap between two snapshots is the engine's own time.
     """
 
     allocated_bytes: int
@@ -55,6 +83,8 @@ class Snapshot:
     phase: str | None = None
     tensor: str | None = None
     categories: dict | None = None
+    time_ns: int | None = None
+    buffers: tuple[Buffer, ...] | None = None
 
     @property
     def allocated_mb(self) -> int:
@@ -73,6 +103,7 @@ class _Session:
     baseline: Counter = field(default_factory=Counter)
     pool: object | None = None  # tracing a GPU: the array module's memory pool
     peak: object | None = None  # and the hook that keeps its high-water mark
+    tracing_ns: int = 0  # time spent taking tracing() snapshots, left out of their time_ns
 
 
 class _DevicePeak:
@@ -193,58 +224,135 @@ def tracing(device="cpu") -> Iterator[list[Snapshot]]:
     finally:
         _timelines[:] = [t for t in _timelines if t is not timeline]  # by identity, not ==
         if not _timelines:
-            _made.clear()
-            _graded.clear()
+            _forget_tensors()
         end_trace()
 
 
 def record(phase: str, op: str, tensor: str | None) -> None:
     """Called by the engine after each op and backward step; a no-op unless a timeline is open."""
     if _timelines:
-        snap = snapshot_trace(op, phase, tensor)
-        snap = Snapshot(**{**snap.__dict__, "categories": _categories()})
-        for timeline in _timelines:
-            timeline.append(snap)
+        _record_snapshot(phase, op, tensor)
 
 
-_made: weakref.WeakSet = weakref.WeakSet()       # tensors made inside an open timeline
-_graded: weakref.WeakSet = weakref.WeakSet()     # tensors given a grad inside it
+def _record_snapshot(phase: str, op: str, tensor: str | None) -> None:
+    """Append one snapshot, with ag's categories and buffers, to every open timeline."""
+    started = time.perf_counter_ns()
+    snap = snapshot_trace(op, phase, tensor)
+    categories, buffers = _categories_and_buffers(phase)
+    snap = replace(snap, categories=categories, buffers=buffers, time_ns=started - _session.tracing_ns)
+    for timeline in _timelines:
+        timeline.append(snap)
+    _session.tracing_ns += time.perf_counter_ns() - started
+
+
+# While a timeline is open: the tensors made in it and those given a grad in it, each with a
+# number for its name (weak keys, so tracing keeps nothing alive), and every buffer seen so far.
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_numbers = itertools.count()
 
 
 def watch_value(tensor) -> None:
     """Called by the engine for every Tensor it makes: counted by category while a timeline is open."""
     if _timelines:
-        _made.add(tensor)
+        _made[tensor] = next(_numbers)
 
 
 def watch_grad(tensor) -> None:
     """Called by the engine when a grad buffer is allocated."""
-    if _timelines:
-        _graded.add(tensor)
+    if _timelines and tensor not in _graded:
+        _graded[tensor] = _made[tensor] if tensor in _made else next(_numbers)
 
 
-def _categories() -> dict[str, int]:
-    """Live bytes by category, each buffer once (views and handed-on grads share memory)."""
+def _categories_and_buffers(phase: str) -> tuple[dict[str, int], tuple[Buffer, ...]]:
+    """Live bytes by category and one Buffer per live buffer, in one pass: each underlying buffer
+    once (views and handed-on grads share memory), filed under the first tensor made that holds it."""
     totals = dict.fromkeys(CATEGORIES, 0)
-    seen: set[int] = set()
+    bases: dict[int, object] = {}  # held until the pass ends, so no id() is reused within it
+    buffers: list[Buffer] = []
+    holders = [(t, t.value, "value", _value_category(t), n) for t, n in list(_made.items())]
+    holders += [(t, t.grad, "grad", "gradients", n) for t, n in list(_graded.items())]
+    for tensor, array, kind, category, number in holders:
+        base = _allocated_array(array)
+        if base is None or id(base) in bases:
+            continue
+        bases[id(base)] = base
+        totals[category] += base.nbytes
+        buffers.append(_buffer(base, tensor, number, kind, category, phase))
+    return totals, tuple(buffers)
 
-    def count(array, category: str) -> None:
-        while array is not None and array.base is not None:
-            array = array.base
-        if array is not None and id(array) not in seen:
-            seen.add(id(array))
-            totals[category] += array.nbytes
-    for t in list(_made):
-        count(t.value, _value_category(t))
-    for t in list(_graded):
-        count(t.grad, "gradients")
-    return totals
+
+def _allocated_array(array):
+    """The array that owns ``array``'s memory: a view's base, followed to the end."""
+    while array is not None and getattr(array.base, "dtype", None) is not None:
+        array = array.base
+    return array
 
 
 def _value_category(t) -> str:
     if t.op is None:
         return "parameters" if t.requires_grad else "inputs"
     return "activations recomputed" if t.rematerializer is not None else "activations kept"
+
+
+@dataclass(eq=False)
+class _Seen:
+    """What tracing remembers of one buffer: who it is, its key, when it was allocated, and the
+    Buffer last recorded for it (shared by the snapshots in which nothing about it changed)."""
+
+    ref: weakref.ref | None
+    key: int
+    phase: str
+    buffer: Buffer | None = None
+
+
+_seen: dict[int, _Seen] = {}  # by id() of the allocated array
+_keys = itertools.count()
+
+
+def _buffer(base, tensor, number: int, kind: str, category: str, phase: str) -> Buffer:
+    """The Buffer for ``base`` held by ``tensor``: the last one recorded, unless something changed
+    (a grad handed on to another tensor keeps its key and takes that tensor's name)."""
+    seen = _identify(base, phase, kind == "value" and tensor.rematerializer is not None)
+    name = tensor.name or _default_name(tensor, number)
+    old = seen.buffer
+    if old is None or (old.name, old.category, old.op, old.kind) != (name, category, tensor.op, kind):
+        seen.buffer = Buffer(seen.key, name, tuple(base.shape), str(base.dtype), base.nbytes,
+                             category, tensor.op, seen.phase, kind)
+    return seen.buffer
+
+
+def _default_name(tensor, number: int) -> str:
+    """"matmul#12" for an unnamed op output, "parameter#3" or "input#0" for an unnamed leaf."""
+    if tensor.op is not None:
+        return f"{tensor.op}#{number}"
+    return f"{'parameter' if tensor.requires_grad else 'input'}#{number}"
+
+
+def _identify(base, phase: str, recomputable: bool) -> _Seen:
+    """The record of ``base``, made the first time it is seen: ``id()`` is reused once a buffer is
+    freed, so a weak reference confirms it is the same array. A recomputable value first seen in a
+    backward step was made by its rematerializer there: its phase is "recompute"."""
+    seen = _seen.get(id(base))
+    if seen is not None and (seen.ref is None or seen.ref() is base):
+        return seen
+    try:
+        ref = weakref.ref(base)
+    except TypeError:  # an array type without weak references: id() alone must do
+        ref = None
+    if recomputable and phase == "backward":
+        phase = "recompute"
+    seen = _seen[id(base)] = _Seen(ref, next(_keys), phase)
+    return seen
+
+
+def _forget_tensors() -> None:
+    """The last timeline closed: keys and names start again from 0 in the next one."""
+    global _numbers, _keys
+    _made.clear()
+    _graded.clear()
+    _seen.clear()
+    _numbers, _keys = itertools.count(), itertools.count()
 
 
 @dataclass(eq=False)
