@@ -84,8 +84,9 @@ def _mb_row(snapshots: list[trace.Snapshot]) -> str:
     return ", ".join(str(s.allocated_mb) for s in snapshots)
 
 
-def memory() -> None:
-    """Print every number of the lecture's memory part, measured now."""
+def memory(html: str | None = None) -> None:
+    """Print every number of the lecture's memory part, measured now; given ``html``, also write the
+    chain's timelines, before and after lazy grads, as one interactive HTML file there."""
     nbytes, getsizeof = array_cost()
     print("1. What a NumPy array costs")
     print(f"   float64 array of shape ({N}, {N}): nbytes = {nbytes:,} B, "
@@ -111,6 +112,29 @@ def memory() -> None:
           f"{same.backward[-1].peak_bytes // trace.MB} MB, after {after.backward[-1].peak_bytes // trace.MB} MB")
     print("   after: each intermediate's grad is freed once its own backward step has run,")
     print("   and its value once nothing left in the graph reads it.")
+    if html:
+        _save_html(html, chain_timelines(4096, 5), "x = ag.matmul(x, w), 5 layers, batch 4096: "
+                   "grads allocated in every constructor (before) or in backward (after)")
+
+
+def chain_timelines(batch: int, n_layers: int, width: int = N, seed: int = 0) -> dict[str, list[trace.Snapshot]]:
+    """``matmul_chain``'s forward and backward recorded by ``trace.tracing()``, before (eager grads)
+    and after (grads allocated in backward): the timelines ``ag.plot.memory_html`` draws."""
+    timelines = {}
+    for label, eager in (("before (eager grads)", True), ("after (lazy grads)", False)):
+        rng = np.random.default_rng(seed)
+        with eager_grads(eager):
+            weights = [Tensor(rng.standard_normal((width, width)) / np.sqrt(width), requires_grad=True, name=f"w{i}")
+                       for i in range(n_layers)]
+            x = Tensor(rng.standard_normal((batch, width)), name="x")
+            with trace.tracing() as timeline:
+                for w in weights:
+                    x = matmul(x, w)
+                loss = sum(x)
+                del x
+                loss.backward()
+        timelines[label] = timeline
+    return timelines
 
 
 @dataclass
@@ -166,8 +190,9 @@ def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed:
     return runs
 
 
-def remat_demo(out_dir: str = "ag-plots") -> None:
-    """Print the strategy table for the lecture's 10-layer chain and write its two plots."""
+def remat_demo(out_dir: str = "ag-plots", html: str | None = None) -> None:
+    """Print the strategy table for the lecture's 10-layer chain and write its plots; given ``html``,
+    also every strategy's timeline as one interactive HTML file there."""
     runs = remat_strategies()
     print("Rematerialization on 10 layers of x = ag.matmul(x, w): batch 512, width 1000, float32")
     print("(peak: tracemalloc over forward + backward; pred: ag.remat.predict, which counts activations")
@@ -192,7 +217,11 @@ def remat_demo(out_dir: str = "ag-plots") -> None:
         timelines, path=path, title="What the memory holds, by strategy (line: tracemalloc)"))
     _save_plot(out_dir, "remat_tradeoff.png", lambda plot, path: plot.tradeoff(
         {r.strategy: (r.peak_bytes, r.counts.flops["recompute"]) for r in runs}, path=path,
-        title="Peak memory against recomputation"))
+        title="Peak memory against recomputation",
+        budget_bytes=next(r.predicted_peak_bytes for r in runs if r.strategy == "sqrt"),
+        budget_label="greedy's and optimal's budget (on the predicted peak)"))
+    if html:
+        _save_html(html, timelines, "Rematerialization on 10 layers of x = ag.matmul(x, w): every strategy")
 
 
 def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit: float = 10) -> dict:
@@ -220,6 +249,15 @@ def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit:
                lambda plot, path: plot.remat_frontier(sweeps, flops, path=path,
                                                       title="Checkmate's Figure 4 on ag: recompute against memory"))
     return sweeps
+
+
+def _save_html(path: str, timelines: dict[str, list[trace.Snapshot]], title: str) -> None:
+    """Write the timelines to ``path`` as one interactive HTML file (works offline) and print where."""
+    import os
+
+    from .plot.html import memory_html
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    print(f"interactive timeline written: {memory_html(timelines, path, title=title)}")
 
 
 def _save_plot(out_dir: str, name: str, draw) -> None:
