@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 PARALLEL_LAUNCH = "mpiexec -n 2 ag demo parallel"
@@ -23,6 +24,14 @@ def _demo(args: argparse.Namespace) -> int:
     if args.graph and args.name != "remat":
         print(f"ag demo {args.name}: --graph applies to the remat demo only", file=sys.stderr)
         return 2
+    if args.html and (args.name not in ("memory", "remat") or args.graph):
+        print(f"ag demo {args.name}: --html applies to the memory and remat demos only, without --graph "
+              "(they record timelines)", file=sys.stderr)
+        return 2
+    if args.html and importlib.util.find_spec("bokeh") is None:
+        print(f"ag demo {args.name} --html: the interactive timeline needs bokeh: pip install 'ag[plot]'",
+              file=sys.stderr)
+        return 1
     if args.device == "gpu":
         if args.name != "attention":
             print(f"ag demo {args.name}: --device gpu applies to the attention demo only", file=sys.stderr)
@@ -34,11 +43,11 @@ def _demo(args: argparse.Namespace) -> int:
             return 1
     from . import demo
     if args.name == "memory":
-        demo.memory()
+        demo.memory(html=args.html)
     elif args.name == "remat" and args.graph:
         demo.remat_graph_demo(args.out, budgets=args.budgets, time_limit=args.time_limit)
     elif args.name == "remat":
-        demo.remat_demo(args.out)
+        demo.remat_demo(args.out, html=args.html)
     elif args.name == "attention":
         demo.attention_demo(args.out, device=args.device)
     elif args.name == "transformer":
@@ -62,7 +71,14 @@ def _parallel(argv: list[str]) -> int:
 
 
 def _assign(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from . import course
+    from .course.notebook import NOTEBOOKS
+    if args.release and args.format == "notebook":
+        print("ag assign: --release writes the .py exercises; nbgrader makes the notebooks' release itself "
+              f"(nbgrader generate_assignment, in {NOTEBOOKS.parent}/)", file=sys.stderr)
+        return 2
     if args.release:
         from .course.assign import release
         try:
@@ -73,11 +89,22 @@ def _assign(args: argparse.Namespace) -> int:
         print(f"release written to {args.release}: {len(written)} file(s), every exercise a stub"
               + "".join(f"\n  {p}" for p in written))
         return 0
-    stale = course.assign(args.root, check=args.check)
+    root = Path(args.root) if args.root else course.REPO
+    # --check also checks the notebooks wherever they were written, so that they are kept in sync
+    notebooks = args.format == "notebook" or (args.check and args.format is None and (root / NOTEBOOKS).is_dir())
+    try:
+        stale = course.assign(args.root, check=args.check, formats=("py", "notebook") if notebooks else ("py",))
+    except ImportError as error:
+        print(f"ag assign: {error}", file=sys.stderr)
+        return 2
     if args.check:
         for path in stale:
             print(f"out of sync with its source in ag/: {path}")
-        print("exercises/ and solutions/ are in sync" if not stale else "run `ag assign` to regenerate")
+        if notebooks:
+            print(f"exercises/, solutions/ and {NOTEBOOKS}/ are in sync" if not stale
+                  else "run `ag assign --format notebook` to regenerate")
+        else:
+            print("exercises/ and solutions/ are in sync" if not stale else "run `ag assign` to regenerate")
         return 1 if stale else 0
     print(f"wrote {len(stale)} file(s)" + "".join(f"\n  {p}" for p in stale))
     return 0
@@ -175,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--budgets", type=int, default=5, help="remat --graph: budgets per graph (default 5)")
     demo.add_argument("--time-limit", type=float, default=10.0,
                       help="remat --graph: seconds per MILP solve (default 10)")
+    demo.add_argument("--html", metavar="PATH", default=None,
+                      help="memory and remat: also write the memory timeline to PATH, one interactive HTML "
+                           "file that works offline (needs the plot extra)")
     demo.set_defaults(run=_demo)
     assign = commands.add_parser("assign", help="generate exercises/ and solutions/ from the marked regions in ag/")
     assign.add_argument("--check", action="store_true", help="only check they are in sync (exit 1 if not)")
@@ -182,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     assign.add_argument("--release", metavar="DIR", default=None,
                         help="write what students receive to DIR instead: exercises/, ag with every "
                              "exercise a stub (pip-installable), the public graded tests")
+    assign.add_argument("--format", choices=("py", "notebook"), default=None,
+                        help="py (the default): exercises/ and solutions/; notebook: also nbgrader's source "
+                             "notebooks, nbgrader/source/exN_name/exN_name.ipynb (needs jupytext). --check "
+                             "checks the notebooks too whenever nbgrader/source/ exists")
     assign.set_defaults(run=_assign)
     grade = commands.add_parser("grade", help="run the graded tests on a student's folder (Gradescope results)")
     grade.add_argument("submission", nargs="?", help="folder holding the student's exN_*.py files or .ipynb "

@@ -20,6 +20,7 @@ from .exercises import EXERCISES, PACKAGE, REPO, Exercise
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 STUBBED_MODULE = "_stubbed"  # ag/_stubbed.py, written only into generated copies of ag
+FORMATS = ("py", "notebook")  # exercises/ and solutions/; nbgrader's source notebooks as well
 
 
 def _function_source(module: str, name: str) -> str:
@@ -110,20 +111,29 @@ def _listing(words: list[str]) -> str:
     return " and ".join(filter(None, (", ".join(words[:-1]), words[-1])))
 
 
-def assign(root: Path | str | None = None, *, check: bool = False) -> list[Path]:
-    """Write (or, with ``check``, compare) exercises/ and solutions/; return the files that differ."""
+def assign(root: Path | str | None = None, *, check: bool = False, formats: Sequence[str] = ("py",)) -> list[Path]:
+    """Write (or, with ``check``, compare) exercises/ and solutions/, and with the format "notebook"
+    nbgrader's source notebooks (``ag.course.notebook``); return the files that differ."""
     root = Path(root) if root else REPO
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"assign: no format {sorted(unknown)}; the formats are {', '.join(FORMATS)}")
+    files = {}
+    if "py" in formats:
+        files = {root / folder / e.filename: render(e, solution=solution)
+                 for folder, solution in (("exercises", False), ("solutions", True)) for e in EXERCISES}
+    if "notebook" in formats:
+        from .notebook import notebook_files
+        files.update(notebook_files(root))
     stale = []
-    for folder, solution in (("exercises", False), ("solutions", True)):
-        for exercise in EXERCISES:
-            path = root / folder / exercise.filename
-            text = render(exercise, solution=solution)
-            if path.exists() and path.read_text() == text:
-                continue
-            stale.append(path)
-            if not check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+    for path, text in files.items():
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(path)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
     return stale
 
 
