@@ -124,7 +124,7 @@ class Tensor:
         self.grad = np.zeros_like(value) if config.eager_grads else None
         self.rematerializer = rematerializer
         self.name = name
-        trace.watch_value(self)
+        trace.watch_value(self, config.phase)
         if self.grad is not None:
             trace.watch_grad(self)
 

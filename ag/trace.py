@@ -32,7 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .export import export_perfetto, export_torch_snapshot
+from .export import export_perfetto, export_torch_snapshot  # noqa: F401  (ag.trace.export_*)
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain
 MB = 10**6
@@ -249,13 +249,17 @@ def _record_snapshot(phase: str, op: str, tensor: str | None) -> None:
 # number for its name (weak keys, so tracing keeps nothing alive), and every buffer seen so far.
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _graded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_recomputed: weakref.WeakSet = weakref.WeakSet()  # those made while a rematerializer ran
 _numbers = itertools.count()
 
 
-def watch_value(tensor) -> None:
-    """Called by the engine for every Tensor it makes: counted by category while a timeline is open."""
+def watch_value(tensor, phase: str = "forward") -> None:
+    """Called by the engine for every Tensor it makes, in ``phase``: counted by category while a
+    timeline is open (a tensor a rematerializer makes counts as recomputed)."""
     if _timelines:
         _made[tensor] = next(_numbers)
+        if phase == "recompute":
+            _recomputed.add(tensor)
 
 
 def watch_grad(tensor) -> None:
@@ -292,7 +296,8 @@ def _allocated_array(array):
 def _value_category(t) -> str:
     if t.op is None:
         return "parameters" if t.requires_grad else "inputs"
-    return "activations recomputed" if t.rematerializer is not None else "activations kept"
+    recomputed = t.rematerializer is not None or t in _recomputed
+    return "activations recomputed" if recomputed else "activations kept"
 
 
 @dataclass(eq=False)
@@ -351,6 +356,7 @@ def _forget_tensors() -> None:
     global _numbers, _keys
     _made.clear()
     _graded.clear()
+    _recomputed.clear()
     _seen.clear()
     _numbers, _keys = itertools.count(), itertools.count()
 

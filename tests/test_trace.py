@@ -99,6 +99,20 @@ def test_the_category_accounting_agrees_with_tracemalloc_at_every_step(rng, chec
         assert max(s.categories["activations recomputed"] for s in timeline) > 0
 
 
+def test_what_a_rematerializer_makes_counts_as_recomputed_not_kept(rng):
+    weights = [ag.Tensor(rng.standard_normal((64, 64)) / 8, requires_grad=True) for _ in range(4)]
+    layers = [lambda h, w=w: ag.tanh(h @ w) for w in weights]
+    x = ag.Tensor(rng.standard_normal((256, 64)))
+    with trace.tracing() as timeline:
+        ag.sum(ag.remat.sequential(layers, x, [0], mode="segment")).backward()
+    made_in_recompute = {b.key for s in timeline for b in s.buffers if b.phase == "recompute" and b.kind == "value"}
+    assert made_in_recompute, "the segment was never recomputed"
+    for snap in timeline:
+        for b in snap.buffers:
+            if b.key in made_in_recompute:
+                assert b.category == "activations recomputed", (snap.label, b)
+
+
 def test_a_grad_that_existed_before_the_timeline_is_not_counted_in_it(rng):
     w = ag.Tensor(rng.standard_normal((100, 100)), requires_grad=True)
     x = ag.Tensor(rng.standard_normal((10, 100)))
