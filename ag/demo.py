@@ -51,11 +51,8 @@ def matmul_chain(batch: int, n_layers: int, *, eager: bool, width: int = N,
     ``eager=True`` is the lecture's "before" (every Tensor allocates its grad in the
     constructor); ``eager=False`` is requires_grad with grads allocated in backward.
     """
-    rng = np.random.default_rng(seed)
     with eager_grads(eager):
-        weights = [Tensor(rng.standard_normal((width, width)) / np.sqrt(width), requires_grad=True)
-                   for _ in range(n_layers)]
-        x = Tensor(rng.standard_normal((batch, width)))
+        x, weights = _chain_tensors(batch, n_layers, width, seed)
         trace.start_trace()
         try:
             forward = []
@@ -68,6 +65,14 @@ def matmul_chain(batch: int, n_layers: int, *, eager: bool, width: int = N,
         finally:
             trace.end_trace()
     return ChainRun(forward, backward)
+
+
+def _chain_tensors(batch: int, n_layers: int, width: int, seed: int) -> tuple[Tensor, list[Tensor]]:
+    """The chain's input x (batch, width) and its weights w0, w1, … (width, width), which require grad."""
+    rng = np.random.default_rng(seed)
+    weights = [Tensor(rng.standard_normal((width, width)) / np.sqrt(width), requires_grad=True, name=f"w{i}")
+               for i in range(n_layers)]
+    return Tensor(rng.standard_normal((batch, width)), name="x"), weights
 
 
 def table(header, rows) -> None:
@@ -122,11 +127,8 @@ def chain_timelines(batch: int, n_layers: int, width: int = N, seed: int = 0) ->
     and after (grads allocated in backward): the timelines ``ag.plot.memory_html`` draws."""
     timelines = {}
     for label, eager in (("before (eager grads)", True), ("after (lazy grads)", False)):
-        rng = np.random.default_rng(seed)
         with eager_grads(eager):
-            weights = [Tensor(rng.standard_normal((width, width)) / np.sqrt(width), requires_grad=True, name=f"w{i}")
-                       for i in range(n_layers)]
-            x = Tensor(rng.standard_normal((batch, width)), name="x")
+            x, weights = _chain_tensors(batch, n_layers, width, seed)
             with trace.tracing() as timeline:
                 for w in weights:
                     x = matmul(x, w)

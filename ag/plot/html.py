@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..palette import CATEGORY_COLOURS, OKABE_ITO, series_style
+from ..palette import CATEGORY_COLOURS, TRACEMALLOC_COLOUR, series_style
 from ..trace import CATEGORIES, MB, Buffer, Snapshot
 
-TRACEMALLOC_COLOUR = OKABE_ITO["vermillion"]  # no category has it: the line stands out over every band
 DASHES = {"-": "solid", "--": "dashed", "-.": "dashdot", ":": "dotted"}
 MARKERS = {"o": "circle", "s": "square", "^": "triangle", "D": "diamond", "v": "inverted_triangle",
            "P": "plus", "X": "x", "*": "star"}
