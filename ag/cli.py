@@ -43,8 +43,10 @@ def _demo(args: argparse.Namespace) -> int:
             return 1
     from . import demo
     if args.name == "memory":
-        demo.memory(html=args.html)
-    elif args.name == "remat" and args.graph:
+        demo.memory(args.out, html=args.html)
+        return 0
+    args.out = args.out or "ag-plots"
+    if args.name == "remat" and args.graph:
         demo.remat_graph_demo(args.out, budgets=args.budgets, time_limit=args.time_limit)
     elif args.name == "remat":
         demo.remat_demo(args.out, html=args.html)
@@ -193,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Run a lecture demo: " + "; ".join(
                                    f"{k}: {v}" for k, v in DEMOS.items()))
     demo.add_argument("name", choices=sorted(DEMOS), help="which demo")
-    demo.add_argument("--out", default="ag-plots", help="folder for the plots (default: ag-plots)")
+    demo.add_argument("--out", help="folder for the plots (default: ag-plots; memory draws its plot only "
+                      "when given one)")
     demo.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                       help="attention only: gpu runs CuPy arrays and traces CuPy's memory pool")
     demo.add_argument("--graph", action="store_true",

@@ -89,9 +89,10 @@ def _mb_row(snapshots: list[trace.Snapshot]) -> str:
     return ", ".join(str(s.allocated_mb) for s in snapshots)
 
 
-def memory(html: str | None = None) -> None:
-    """Print every number of the lecture's memory part, measured now; given ``html``, also write the
-    chain's timelines, before and after lazy grads, as one interactive HTML file there."""
+def memory(out_dir: str | None = None, html: str | None = None) -> None:
+    """Print every number of the lecture's memory part, measured now. Given ``out_dir``, also draw
+    the chain's memory before and after lazy grads there (``lazy_grads_stack.png``); given ``html``,
+    write the same timelines as one interactive HTML file."""
     nbytes, getsizeof = array_cost()
     print("1. What a NumPy array costs")
     print(f"   float64 array of shape ({N}, {N}): nbytes = {nbytes:,} B, "
@@ -117,8 +118,14 @@ def memory(html: str | None = None) -> None:
           f"{same.backward[-1].peak_bytes // trace.MB} MB, after {after.backward[-1].peak_bytes // trace.MB} MB")
     print("   after: each intermediate's grad is freed once its own backward step has run,")
     print("   and its value once nothing left in the graph reads it.")
+    if out_dir is None and not html:
+        return
+    timelines = chain_timelines(4096, 5)
+    if out_dir is not None:
+        _save_plot(out_dir, "lazy_grads_stack.png", lambda plot, path: plot.memory_stack(
+            timelines, path=path, title="x = ag.matmul(x, w), 5 layers, batch 4096: what the memory holds"))
     if html:
-        _save_html(html, chain_timelines(4096, 5), "x = ag.matmul(x, w), 5 layers, batch 4096: "
+        _save_html(html, timelines, "x = ag.matmul(x, w), 5 layers, batch 4096: "
                    "grads allocated in every constructor (before) or in backward (after)")
 
 

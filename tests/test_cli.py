@@ -36,6 +36,7 @@ def test_demo_memory_prints_the_lecture_tables():
     assert "memory allocated: 16 MB" in out and "memory allocated: 8 MB" in out
     assert "batch 4000: 64, 128, 192" in out
     assert "batch 4096: 32, 65, 98, 131, 163" in out
+    assert "plot" not in out  # the main job draws nothing unless given --out
 
 
 def test_an_unknown_demo_is_refused_with_the_choices():

@@ -49,3 +49,19 @@ def test_eager_backward_keeps_every_value_and_grad():
     sizes = {s.allocated_bytes for s in run.backward}
     assert len(sizes) == 1
     assert 192_000_000 <= sizes.pop() < 192_000_000 + 100  # + the loss scalar and its grad
+
+
+def test_lecture_4s_scaling_table_is_what_attention_scaling_measures_now():
+    """Note 4's table of peaks, to the 0.1 MB it prints, for the rows cheap enough to rerun."""
+    import re
+    from pathlib import Path
+    note = (Path(__file__).resolve().parent.parent / "lectures" / "04-io-and-flash-attention.md").read_text()
+    quoted = {int(n): (naive, float(flash)) for n, naive, flash in
+              re.findall(r"^\s*(\d+)\s+([\d.]+|\(skipped\))\s+([\d.]+)\s", note, re.M)}
+    assert set(quoted) == {512, 1024, 2048, 4096, 8192, 16384}
+    measured = demo.attention_scaling(sizes=(512, 1024, 2048, 4096), naive_up_to=2048)
+    for peak in measured:
+        naive, flash = quoted[peak.n]
+        assert f"{peak.flash_bytes / ag.trace.MB:.1f}" == f"{flash:.1f}", peak
+        if peak.naive_bytes is not None:
+            assert f"{peak.naive_bytes / ag.trace.MB:.1f}" == naive, peak
