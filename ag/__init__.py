@@ -4,15 +4,17 @@ from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
                   scaled_masked_softmax, sigmoid, softmax, sqrt, sub, sum, tanh, transpose, where)
-from .tensor import (GraphError, Tensor, accumulate_grad, backward, config,
-                     discard_value_if_has_rematerializer, eager_grads, make_output, no_grad,
-                     release_unneeded, topological_sort, unbroadcast)
+from .arrays import unbroadcast
+from .modes import config, eager_grads, no_grad
+from .tensor import (GraphError, Saved, Tensor, accumulate_grad, backward,
+                     discard_value_if_has_rematerializer, make_output, release_unneeded,
+                     topological_sort)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
-    "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output",
+    "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",
     "sqrt", "relu", "tanh", "sigmoid", "gelu", "linear", "reshape", "transpose", "getitem", "concat",

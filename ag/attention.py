@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
-from .tensor import Tensor, accumulate_grad, array_module, config, make_output
+from .arrays import array_module
+from .modes import config
+from .tensor import Saved, Tensor, accumulate_grad, make_output
 from .trace import count_matmul
 
 DEFAULT_BLOCK_Q = 256
@@ -203,8 +205,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     if not tensors:
         return (o, lse) if return_lse else o
 
-    def _backward(out: Tensor) -> None:
-        dq, dk, dv = backward(tq.value, tk.value, tv.value, out.value, lse, out.grad)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        dq, dk, dv = backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
         for t, g in ((tq, dq), (tk, dk), (tv, dv)):
             if t.requires_grad:
                 accumulate_grad(t, g)

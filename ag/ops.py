@@ -1,25 +1,41 @@
 """The ops: each computes on NumPy arrays and states its gradient right beside it.
 
 Every op is a plain function in the ``ag`` namespace (``ag.matmul(a, b)``) and, where
-Python has one, an operator on Tensor (``a @ b``). An op's ``_backward(out)`` closure
-reads ``out.grad`` and the values it declared in ``saves``, and adds into its inputs'
-grads with ``accumulate_grad``, which allocates lazily and undoes broadcasting.
+Python has one, an operator on Tensor (``a @ b``). Each reads in the same order: check the
+inputs, compute the value, define ``_backward(out, saved)``, return ``make_output``. The
+closure reads ``out.grad`` and ``saved[t]`` for exactly the tensors the op declared in
+``saves=`` (``saved[out]`` with ``saves_output=True``), and adds into its inputs' grads with
+``accumulate_grad``, which allocates lazily and undoes broadcasting.
+
+``sum``, ``max`` and ``pow`` are the lecture's names; inside ag they are called as
+``ops.sum`` so that no other module shadows Python's built-ins.
 """
 from __future__ import annotations
 
-import builtins
 import math
 from typing import Sequence
 
 import numpy as np
 
 from . import trace
-from .tensor import (Tensor, accumulate_grad, array_module, as_tensor, config, grad_to_overwrite,
-                     make_output, rematerialize)
+from .arrays import array_module
+from .handover import grad_to_overwrite
+from .modes import config
+from .tensor import Saved, Tensor, accumulate_grad, make_output, rematerialize
 
 
 class ShapeError(ValueError):
     """An op got shapes, axes or arguments it cannot work with."""
+
+
+def as_tensor(x, like: Tensor | None = None) -> Tensor:
+    """Lift a Python number or array to a constant Tensor; a number takes ``like``'s dtype rules."""
+    if isinstance(x, Tensor):
+        return x
+    if like is not None and isinstance(x, (int, float, bool)):
+        xp = np if like.value is None else array_module(like.value)
+        return Tensor(xp.asarray(x, dtype=np.result_type(like.dtype, x)))
+    return Tensor(x)
 
 
 def _operand(op: str, x, like: Tensor | None = None) -> Tensor:
@@ -58,7 +74,7 @@ def _axes(op: str, axis, ndim: int) -> tuple[int, ...]:
     for ax in axes:
         if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
             raise ShapeError(f"{op}: axis {ax!r} is out of range for a tensor with {ndim} dimensions")
-    normalized = sorted({int(ax) % builtins.max(ndim, 1) for ax in axes})
+    normalized = sorted({int(ax) % (ndim or 1) for ax in axes})
     if len(normalized) != len(axes):
         raise ShapeError(f"{op}: repeated axis in {axis!r}")
     return tuple(normalized)
@@ -86,50 +102,54 @@ def add(a, b) -> Tensor:
     """out = a + b;  da = dout,  db = dout  (summed over broadcast axes)."""
     a, b = _operands("add", a, b)
     _broadcast("add", a.shape, b.shape)
+    value = a.value + b.value
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, out.grad)
         accumulate_grad(b, out.grad)
-    return make_output(a.value + b.value, "add", (a, b), _backward)
+    return make_output(value, "add", (a, b), _backward)
 
 
 def sub(a, b) -> Tensor:
     """out = a - b;  da = dout,  db = -dout."""
     a, b = _operands("sub", a, b)
     _broadcast("sub", a.shape, b.shape)
+    value = a.value - b.value
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, out.grad)
         if b.requires_grad:
             accumulate_grad(b, np.negative(out.grad))
-    return make_output(a.value - b.value, "sub", (a, b), _backward)
+    return make_output(value, "sub", (a, b), _backward)
 
 
 def mul(a, b) -> Tensor:
     """out = a * b;  da = dout * b,  db = dout * a."""
     a, b = _operands("mul", a, b)
     _broadcast("mul", a.shape, b.shape)
+    value = a.value * b.value
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         if a.requires_grad:
-            accumulate_grad(a, out.grad * b.value)
+            accumulate_grad(a, out.grad * saved[b])
         if b.requires_grad:
-            accumulate_grad(b, out.grad * a.value)
-    return make_output(a.value * b.value, "mul", (a, b), _backward, saves=_needs(a, b))
+            accumulate_grad(b, out.grad * saved[a])
+    return make_output(value, "mul", (a, b), _backward, saves=_needs(a, b))
 
 
 def div(a, b) -> Tensor:
     """out = a / b;  da = dout / b,  db = -dout * a / b**2."""
     a, b = _operands("div", a, b)
     _broadcast("div", a.shape, b.shape)
+    value = a.value / b.value
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
+        b_value = saved[b]
         if a.requires_grad:
-            accumulate_grad(a, out.grad / b.value)
+            accumulate_grad(a, out.grad / b_value)
         if b.requires_grad:
-            accumulate_grad(b, -out.grad * a.value / (b.value * b.value))
-    saves = (b,) + ((a,) if b.requires_grad else ())
-    return make_output(a.value / b.value, "div", (a, b), _backward, saves=saves)
+            accumulate_grad(b, -out.grad * saved[a] / (b_value * b_value))
+    return make_output(value, "div", (a, b), _backward, saves=(b,) + ((a,) if b.requires_grad else ()))
 
 
 def _needs(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
@@ -142,22 +162,24 @@ def pow(a, exponent: float) -> Tensor:
     a = _operand("pow", a)
     if isinstance(exponent, Tensor) or not np.isscalar(exponent):
         raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
+    value = a.value ** exponent
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         if exponent == 0:  # a ** 0 is constant; a ** -1 at a = 0 would make 0 * inf = NaN
             accumulate_grad(a, np.zeros_like(out.grad))
         else:
-            accumulate_grad(a, out.grad * (exponent * a.value ** (exponent - 1)))
-    return make_output(a.value ** exponent, "pow", (a,), _backward, saves=(a,))
+            accumulate_grad(a, out.grad * (exponent * saved[a] ** (exponent - 1)))
+    return make_output(value, "pow", (a,), _backward, saves=(a,))
 
 
 def neg(a) -> Tensor:
     """out = -a;  da = -dout."""
     a = _operand("neg", a)
+    value = np.negative(a.value)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, np.negative(out.grad))
-    return make_output(np.negative(a.value), "neg", (a,), _backward)
+    return make_output(value, "neg", (a,), _backward)
 
 
 # ---- matrix product ----
@@ -166,18 +188,26 @@ def matmul(a, b) -> Tensor:
     """out = a @ b (leading dims broadcast);  da = dout @ b^T,  db = a^T @ dout."""
     a, b = _operands("matmul", a, b)
     _check_matmul(a, b)
+    value = _mm(a.value, b.value)
 
-    def _backward(out: Tensor) -> None:
-        av = a.value[None, :] if a.ndim == 1 else a.value
-        bv = b.value[:, None] if b.ndim == 1 else b.value
-        g = out.grad if a.ndim > 1 and b.ndim > 1 else out.grad.reshape(_matmul_shape(av.shape, bv.shape))
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = out.grad
+        if a.ndim == 1 or b.ndim == 1:  # as np.matmul does: a vector is a one-row or one-column matrix
+            g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
         if a.requires_grad:
-            ga = _mm(g, np.swapaxes(bv, -1, -2))
+            ga = _mm(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
             accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
         if b.requires_grad:
-            gb = _mm(np.swapaxes(av, -1, -2), g)
+            gb = _mm(np.swapaxes(_as_matrix(saved[a], row=True), -1, -2), g)
             accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
-    return make_output(_mm(a.value, b.value), "matmul", (a, b), _backward, saves=_needs(a, b))
+    return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
+
+
+def _as_matrix(x, row: bool):
+    """A 1-D array (or shape) as a one-row matrix (``row``) or a one-column one; else unchanged."""
+    if isinstance(x, tuple):
+        return x if len(x) != 1 else ((1,) + x if row else x + (1,))
+    return x if x.ndim != 1 else (x[None, :] if row else x[:, None])
 
 
 def linear(x, w, b=None) -> Tensor:
@@ -193,19 +223,19 @@ def linear(x, w, b=None) -> Tensor:
         if b.shape != (w.shape[1],):
             raise ShapeError(f"linear: bias of shape {b.shape} does not match weight {w.shape}: "
                              f"expected ({w.shape[1]},)")
-
-    def _backward(out: Tensor) -> None:
-        g = out.grad.reshape(-1, out.shape[-1])
-        if x.requires_grad:
-            accumulate_grad(x, _mm(g, w.value.T, x.shape))
-        if w.requires_grad:
-            accumulate_grad(w, _mm(x.value.reshape(-1, x.shape[-1]).T, g))
-        if b is not None and b.requires_grad:
-            accumulate_grad(b, g.sum(axis=0))
     # (s, b, h) as one (s·b, h) product: NumPy would run s products of b rows each
     value = _mm(x.value.reshape(-1, x.shape[-1]), w.value, x.shape[:-1] + (w.shape[1],))
     if b is not None:
         value += b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = out.grad.reshape(-1, out.shape[-1])
+        if x.requires_grad:
+            accumulate_grad(x, _mm(g, saved[w].T, x.shape))
+        if w.requires_grad:
+            accumulate_grad(w, _mm(saved[x].reshape(-1, x.shape[-1]).T, g))
+        if b is not None and b.requires_grad:
+            accumulate_grad(b, g.sum(axis=0))
     inputs = (x, w) if b is None else (x, w, b)
     return make_output(value, "linear", inputs, _backward, saves=_needs(x, w))
 
@@ -251,10 +281,11 @@ def sum(a, axis=None, keepdims: bool = False) -> Tensor:
     """out = Σ_axis a;  da = dout broadcast back over the summed axes."""
     a = _operand("sum", a)
     axes = _axes("sum", axis, a.ndim)
+    value = a.value.sum(axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
-    return make_output(a.value.sum(axis=axes, keepdims=keepdims), "sum", (a,), _backward)
+    return make_output(value, "sum", (a,), _backward)
 
 
 def mean(a, axis=None, keepdims: bool = False) -> Tensor:
@@ -262,10 +293,11 @@ def mean(a, axis=None, keepdims: bool = False) -> Tensor:
     a = _operand("mean", a)
     axes = _axes("mean", axis, a.ndim)
     n = math.prod(a.shape[ax] for ax in axes)
+    value = np.mean(a.value, axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims) / n, a.shape))
-    return make_output(np.mean(a.value, axis=axes, keepdims=keepdims), "mean", (a,), _backward)
+    return make_output(value, "mean", (a,), _backward)
 
 
 def max(a, axis=None, keepdims: bool = False) -> Tensor:
@@ -274,25 +306,25 @@ def max(a, axis=None, keepdims: bool = False) -> Tensor:
     axes = _axes("max", axis, a.ndim)
     if a.size == 0:
         raise ShapeError(f"max: cannot take the max of an empty tensor of shape {a.shape}")
+    value = np.max(a.value, axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor) -> None:
-        is_max = a.value == _expand(out.value, axes, keepdims)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        is_max = saved[a] == _expand(saved[out], axes, keepdims)
         share = _expand(out.grad, axes, keepdims) / np.sum(is_max, axis=axes, keepdims=True)
         accumulate_grad(a, np.where(is_max, share, 0).astype(a.dtype, copy=False))
-    return make_output(np.max(a.value, axis=axes, keepdims=keepdims), "max", (a,), _backward,
-                       saves=(a,), saves_output=True)
+    return make_output(value, "max", (a,), _backward, saves=(a,), saves_output=True)
 
 
 def logsumexp(a, axis=None, keepdims: bool = False) -> Tensor:
     """out = log Σ_axis exp(a), computed as m + log Σ exp(a - m);  da = dout * exp(a - out)."""
     a = _operand("logsumexp", a)
     axes = _axes("logsumexp", axis, a.ndim)
+    value = _logsumexp(a.value, axes, keepdims)
 
-    def _backward(out: Tensor) -> None:
-        lse = _expand(out.value, axes, keepdims)
-        accumulate_grad(a, _expand(out.grad, axes, keepdims) * _exp_shifted(a.value, lse))
-    return make_output(_logsumexp(a.value, axes, keepdims), "logsumexp", (a,), _backward,
-                       saves=(a,), saves_output=True)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        lse = _expand(saved[out], axes, keepdims)
+        accumulate_grad(a, _expand(out.grad, axes, keepdims) * _exp_shifted(saved[a], lse))
+    return make_output(value, "logsumexp", (a,), _backward, saves=(a,), saves_output=True)
 
 
 def _finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -326,15 +358,14 @@ def softmax(a, axis: int = -1) -> Tensor:
     """y = exp(a - max) / Σ exp(a - max);  da = y * (dy - Σ_axis dy * y)."""
     a = _operand("softmax", a)
     ax = _axis("softmax", axis, a.ndim)
-
-    def _backward(out: Tensor) -> None:
-        y = out.value
-        accumulate_grad(a, _softmax_grad(out, y, ax))
     y = a.value - _finite_max(a.value, (ax,))
     np.exp(y, out=y)
     total = np.sum(y, axis=ax, keepdims=True)
     # a row with every entry -inf (fully masked) has total 0: leave its zeros, no 0/0
     np.divide(y, total, out=y, where=total > 0)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, _softmax_grad(out, saved[out], ax))
     return make_output(y, "softmax", (a,), _backward, saves_output=True)
 
 
@@ -342,11 +373,11 @@ def log_softmax(a, axis: int = -1) -> Tensor:
     """y = a - logsumexp(a);  da = dy - softmax(a) * Σ_axis dy."""
     a = _operand("log_softmax", a)
     ax = _axis("log_softmax", axis, a.ndim)
+    value = a.value - _logsumexp(a.value, (ax,), keepdims=True)
 
-    def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad - np.exp(out.value) * np.sum(out.grad, axis=ax, keepdims=True))
-    lse = _logsumexp(a.value, (ax,), keepdims=True)
-    return make_output(a.value - lse, "log_softmax", (a,), _backward, saves_output=True)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad - np.exp(saved[out]) * np.sum(out.grad, axis=ax, keepdims=True))
+    return make_output(value, "log_softmax", (a,), _backward, saves_output=True)
 
 
 # ---- elementwise unary ops ----
@@ -354,61 +385,66 @@ def log_softmax(a, axis: int = -1) -> Tensor:
 def exp(a) -> Tensor:
     """y = e^a;  da = dy * y."""
     a = _operand("exp", a)
+    value = np.exp(a.value)
 
-    def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad * out.value)
-    return make_output(np.exp(a.value), "exp", (a,), _backward, saves_output=True)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad * saved[out])
+    return make_output(value, "exp", (a,), _backward, saves_output=True)
 
 
 def log(a) -> Tensor:
     """y = ln a;  da = dy / a."""
     a = _operand("log", a)
+    value = np.log(a.value)
 
-    def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad / a.value)
-    return make_output(np.log(a.value), "log", (a,), _backward, saves=(a,))
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad / saved[a])
+    return make_output(value, "log", (a,), _backward, saves=(a,))
 
 
 def sqrt(a) -> Tensor:
     """y = √a;  da = dy / (2y)."""
     a = _operand("sqrt", a)
+    value = np.sqrt(a.value)
 
-    def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad / (2 * out.value))
-    return make_output(np.sqrt(a.value), "sqrt", (a,), _backward, saves_output=True)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad / (2 * saved[out]))
+    return make_output(value, "sqrt", (a,), _backward, saves_output=True)
 
 
 def relu(a) -> Tensor:
     """y = max(a, 0);  da = dy where y > 0, else 0 (reads only the output)."""
     a = _operand("relu", a)
+    value = np.maximum(a.value, 0)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
-        np.multiply(g, out.value > 0, out=g)
+        np.multiply(g, saved[out] > 0, out=g)
         accumulate_grad(a, g)
-    return make_output(np.maximum(a.value, 0), "relu", (a,), _backward, saves_output=True)
+    return make_output(value, "relu", (a,), _backward, saves_output=True)
 
 
 def tanh(a) -> Tensor:
     """y = tanh a;  da = dy * (1 - y²)."""
     a = _operand("tanh", a)
+    value = np.tanh(a.value)
 
-    def _backward(out: Tensor) -> None:
-        accumulate_grad(a, out.grad * (1 - out.value * out.value))
-    return make_output(np.tanh(a.value), "tanh", (a,), _backward, saves_output=True)
+    def _backward(out: Tensor, saved: Saved) -> None:
+        y = saved[out]
+        accumulate_grad(a, out.grad * (1 - y * y))
+    return make_output(value, "tanh", (a,), _backward, saves_output=True)
 
 
 def sigmoid(a) -> Tensor:
     """y = 1 / (1 + e^-a);  da = dy * y * (1 - y)."""
     a = _operand("sigmoid", a)
+    e = np.exp(-np.abs(a.value))  # exp of -|a| only, so that large |a| never overflows
+    y = np.where(a.value >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
 
-    def _backward(out: Tensor) -> None:
-        y = out.value
+    def _backward(out: Tensor, saved: Saved) -> None:
+        y = saved[out]
         accumulate_grad(a, out.grad * y * (1 - y))
-    # exp of -|a| only, so that large |a| never overflows
-    e = np.exp(-np.abs(a.value))
-    y = np.where(a.value >= 0, 1 / (1 + e), e / (1 + e))
-    return make_output(y.astype(a.dtype, copy=False), "sigmoid", (a,), _backward, saves_output=True)
+    return make_output(y, "sigmoid", (a,), _backward, saves_output=True)
 
 
 _GELU_C = math.sqrt(2 / math.pi)
@@ -418,9 +454,11 @@ def gelu(a) -> Tensor:
     """y = a/2 · (1 + tanh(c(a + 0.044715 a³))), c = √(2/π);
     da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
     a = _operand("gelu", a)
+    x = a.value
+    y = 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * x * x * x)))  # x·x·x: float ** 3 is 100× slower
 
-    def _backward(out: Tensor) -> None:
-        x = a.value
+    def _backward(out: Tensor, saved: Saved) -> None:
+        x = saved[a]
         x2 = x * x
         t = np.tanh(_GELU_C * (x + 0.044715 * x2 * x))
         # dy/dx = ½(1 + t) + ½x(1 - t²)·c(1 + 3·0.044715x²), built in place: one temporary besides t
@@ -434,8 +472,6 @@ def gelu(a) -> Tensor:
         t += x2
         t *= out.grad
         accumulate_grad(a, t)
-    x = a.value
-    y = 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * x * x * x)))  # x·x·x: float ** 3 is 100× slower
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
 
 
@@ -456,8 +492,12 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
         inv_sigma = 1 / np.sqrt(np.var(v, axis=-1, keepdims=True, dtype=wide) + eps)
         return ((v - mu) * inv_sigma).astype(v.dtype, copy=False), inv_sigma
 
-    def _backward(out: Tensor) -> None:
-        x_hat, inv_sigma = normalized(x.value)
+    y, _ = normalized(x.value)
+    y *= gamma.value
+    y += beta.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        x_hat, inv_sigma = normalized(saved[x])
         dy = out.grad
         axes = tuple(range(x.ndim - 1))
         if gamma.requires_grad:
@@ -465,13 +505,10 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
         if beta.requires_grad:
             accumulate_grad(beta, np.sum(dy, axis=axes))
         if x.requires_grad:
-            g = dy * gamma.value
+            g = dy * saved[gamma]
             dx = g - np.mean(g, axis=-1, keepdims=True) - x_hat * np.mean(g * x_hat, axis=-1, keepdims=True)
             accumulate_grad(x, (dx * inv_sigma).astype(x.dtype, copy=False))
-    x_hat, _ = normalized(x.value)
-    x_hat *= gamma.value
-    x_hat += beta.value
-    return make_output(x_hat, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
+    return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
 
 
 def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.ndarray | None = None) -> Tensor:
@@ -488,14 +525,14 @@ def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.nda
     elif mask.dtype != np.bool_ or mask.shape != x.shape:
         raise ShapeError(f"dropout: mask must be boolean of shape {x.shape}, got {mask.dtype} {mask.shape}")
     keep = x.dtype.type(1 / (1 - p))
+    y = x.value * mask
+    y *= keep
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)
         g *= mask
         g *= keep
         accumulate_grad(x, g)
-    y = x.value * mask
-    y *= keep
     return make_output(y, "dropout", (x,), _backward)
 
 
@@ -507,10 +544,6 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
         raise ShapeError(f"scaled_masked_softmax: scores need at least 2 dimensions (queries, keys), "
                          f"got shape {s.shape}")
 
-    def _backward(out: Tensor) -> None:
-        g = _softmax_grad(out, out.value, out.ndim - 1)
-        g *= g.dtype.type(scale)
-        accumulate_grad(s, g)
     y = s.value * s.dtype.type(scale)
     if causal:
         n_q, n_k = s.shape[-2:]
@@ -520,6 +553,11 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
     np.exp(y, out=y)
     total = np.sum(y, axis=-1, keepdims=True)
     np.divide(y, total, out=y, where=total > 0)  # a fully masked row stays 0
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = _softmax_grad(out, saved[out], out.ndim - 1)
+        g *= g.dtype.type(scale)
+        accumulate_grad(s, g)
     return make_output(y, "scaled_masked_softmax", (s,), _backward, saves_output=True)
 
 
@@ -535,7 +573,7 @@ def reshape(a, *shape) -> Tensor:
         raise ShapeError(f"reshape: cannot reshape a tensor of shape {a.shape} "
                          f"({a.size} elements) to {shape}") from None
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, out.grad.reshape(a.shape))
     return make_output(value, "reshape", (a,), _backward)
 
@@ -549,10 +587,11 @@ def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
                          f"{a.ndim} axes of shape {a.shape}")
     perm = tuple(int(p) % a.ndim for p in perm)
     inverse = tuple(int(i) for i in np.argsort(perm))
+    value = np.transpose(a.value, perm)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, np.transpose(out.grad, inverse))
-    return make_output(np.transpose(a.value, perm), "transpose", (a,), _backward)
+    return make_output(value, "transpose", (a,), _backward)
 
 
 def getitem(a, index) -> Tensor:
@@ -565,7 +604,7 @@ def getitem(a, index) -> Tensor:
         raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
     basic = _is_basic(index)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         g = np.zeros_like(out.grad, shape=a.shape)
         if basic:
             g[index] = out.grad
@@ -599,11 +638,12 @@ def concat(tensors: Sequence, axis: int = 0) -> Tensor:
         if t.ndim != len(first) or any(n != m for i, (n, m) in enumerate(zip(t.shape, first)) if i != ax):
             raise ShapeError(f"concat: shapes {[x.shape for x in tensors]} differ outside axis {ax}")
     ends = np.cumsum([t.shape[ax] for t in tensors])[:-1]
+    value = np.concatenate([t.value for t in tensors], axis=ax)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         for t, g in zip(tensors, np.split(out.grad, ends, axis=ax)):
             accumulate_grad(t, g)
-    return make_output(np.concatenate([t.value for t in tensors], axis=ax), "concat", tensors, _backward)
+    return make_output(value, "concat", tensors, _backward)
 
 
 def where(condition, a, b) -> Tensor:
@@ -614,14 +654,15 @@ def where(condition, a, b) -> Tensor:
                         f"{getattr(cond, 'dtype', type(cond).__name__)}")
     a, b = _operands("where", a, b)
     _broadcast("where", cond.shape, a.shape, b.shape)
+    value = np.where(cond, a.value, b.value)
 
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         zero = out.grad.dtype.type(0)
         if a.requires_grad:
             accumulate_grad(a, np.where(cond, out.grad, zero))
         if b.requires_grad:
             accumulate_grad(b, np.where(cond, zero, out.grad))
-    return make_output(np.where(cond, a.value, b.value), "where", (a, b), _backward)
+    return make_output(value, "where", (a, b), _backward)
 
 
 # ---- operators on Tensor ----

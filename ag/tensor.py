@@ -1,10 +1,10 @@
 """The Tensor and its backward engine.
 
-A Tensor holds a NumPy ``value``; an op builds its output Tensor, records which
-Tensors it came from (``inputs``) and attaches a ``_backward`` closure that adds
-into the inputs' ``grad``. ``backward()`` sorts the graph topologically (inputs
-before outputs) and runs the closures in reverse, exactly as the lecture does,
-with these memory rules:
+A Tensor holds a NumPy ``value``; an op computes its output's value, then defines a
+``_backward(out, saved)`` closure that reads ``out.grad`` and the values the op saved for it
+(``saves=``, and nothing else) and adds into the inputs' ``grad``; ``make_output`` wraps
+both. ``backward()`` sorts the graph topologically (inputs before outputs) and runs the
+closures in reverse, exactly as the lecture does, with these memory rules:
 
 1. no grad buffer is allocated in forward;
 2. a grad is allocated the first time something flows into it;
@@ -15,86 +15,24 @@ with these memory rules:
 
 A tensor with a ``rematerializer`` is not a checkpoint: its value is discarded as
 soon as the op that consumed it has run, and recomputed when a backward step
-needs it.
+needs it. When a step's grad may be handed on without a copy is ``ag.handover``'s rule.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from . import trace
+from . import handover, hooks, trace
+from .arrays import array_module, as_array, numeric_array, unbroadcast
+from .modes import config, no_grad, phase
 
 Rematerializer = Callable[[], np.ndarray]
 
 
-def array_module(x):
-    """The module whose functions make arrays where ``x`` lives: numpy for host arrays, the
-    array's own package (cupy for a ``cupy.ndarray``) for device arrays."""
-    if isinstance(x, (np.ndarray, np.generic)) or not hasattr(x, "__array_function__"):
-        return np
-    return sys.modules.get(type(x).__module__.split(".")[0], np)
-
-
-def _array(x) -> np.ndarray:
-    """x as an array, left where it lives (NumPy would refuse to copy a GPU array implicitly)."""
-    return x if type(x) is np.ndarray or array_module(x) is not np else np.asarray(x)
-
-
 class GraphError(RuntimeError):
     """Backward cannot run: the graph was freed or a value it needs is gone."""
-
-
-class _Config:
-    grad_enabled = True
-    eager_grads = False
-    phase = "forward"  # or "backward" inside a backward step, "recompute" inside a rematerializer
-
-
-config = _Config()
-
-
-@contextlib.contextmanager
-def no_grad() -> Iterator[None]:
-    """Ops inside build no graph: outputs have ``requires_grad=False`` and nothing is saved."""
-    previous = config.grad_enabled
-    config.grad_enabled = False
-    try:
-        yield
-    finally:
-        config.grad_enabled = previous
-
-
-class phase:
-    """Label the ops run inside: "forward", "backward" or "recompute" (``count_ops`` and
-    ``tracing`` file what runs under the label).
-
-    A class rather than a generator: every backward step enters one, and this costs a third.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        self.previous, config.phase = config.phase, self.name
-
-    def __exit__(self, *exc_info) -> None:
-        config.phase = self.previous
-
-
-@contextlib.contextmanager
-def eager_grads(enabled: bool = True) -> Iterator[None]:
-    """The lecture's "before": every Tensor allocates ``grad = zeros_like(value)`` in its
-    constructor, every tensor gets a gradient, and no grad is ever freed."""
-    previous = config.eager_grads
-    config.eager_grads = enabled
-    try:
-        yield
-    finally:
-        config.eager_grads = previous
 
 
 class Tensor:
@@ -114,7 +52,7 @@ class Tensor:
 
     def __init__(self, value, requires_grad: bool = False,
                  rematerializer: Rematerializer | None = None, name: str | None = None):
-        self.value = value = _as_array(value, name)
+        self.value = value = numeric_array(value, name)
         self._shape, self._dtype = value.shape, value.dtype
         floating = self._dtype.kind in "fc"
         if requires_grad and not floating:
@@ -198,36 +136,34 @@ class Tensor:
         return self.value
 
 
-def _as_array(value, name: str | None) -> np.ndarray:
-    if type(value) is np.ndarray and value.dtype.kind in "biufc":
-        return value  # an op's result, the common case
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        return np.asarray(value)  # a full reduction's scalar
-    if isinstance(value, Tensor):
-        raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
-    array = _array(value)
-    if array.dtype.kind not in "biufc":
-        raise TypeError(f"Tensor {name or ''}: value must be numeric, got dtype {array.dtype} "
-                        f"from {type(value).__name__}")
-    return array
+class Saved:
+    """What a backward step may read: the values its op declared (``saves=``, and the output's
+    own with ``saves_output=True``). ``saved[t]`` is ``t``'s value; any other tensor is an error."""
+
+    __slots__ = ("op", "tensors")
+
+    def __init__(self, op: str, tensors: tuple[Tensor, ...]) -> None:
+        self.op, self.tensors = op, tensors
+
+    def __getitem__(self, tensor: Tensor) -> np.ndarray:
+        for t in self.tensors:
+            if t is tensor:
+                return t.value
+        raise GraphError(f"backward of {self.op} reads the value of {tensor.describe()}, which its "
+                         "forward did not save: declare it in make_output(saves=...), or "
+                         "saves_output=True for the output")
 
 
-def as_tensor(x, like: Tensor | None = None) -> Tensor:
-    """Lift a Python number or array to a constant Tensor; a number takes ``like``'s dtype rules."""
-    if isinstance(x, Tensor):
-        return x
-    if like is not None and isinstance(x, (int, float, bool)):
-        xp = np if like.value is None else array_module(like.value)
-        return Tensor(xp.asarray(x, dtype=np.result_type(like.dtype, x)))
-    return Tensor(x)
+Backward = Callable[[Tensor, Saved], None]
 
 
-def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Tensor], None],
+def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
                 saves: Sequence[Tensor] = (), saves_output: bool = False) -> Tensor:
     """Wrap an op's result and, if any input requires grad, attach the op's backward.
 
-    ``saves`` lists the inputs whose ``.value`` the backward reads, ``saves_output``
-    says it reads the output's own value: rematerialization restores exactly those.
+    ``saves`` lists the inputs whose values the backward reads, ``saves_output`` says it reads
+    the output's own value. The engine calls ``backward(output, saved)`` with exactly those
+    values in ``saved``, and rematerialization restores exactly those.
     """
     output = Tensor(value)
     output.op = op
@@ -245,40 +181,9 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Callable[[Te
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
-    if _recorders:
-        _recorders[-1].append(output)
-    if _observers:
-        for observe in _observers:
-            observe(output)
+    hooks.created(output)
     trace.record(config.phase, op, None)  # phase is "recompute" when a rematerializer runs it
     return output
-
-
-_recorders: list[list[Tensor]] = []
-_observers: list[Callable[[Tensor], None]] = []
-
-
-@contextlib.contextmanager
-def observe_ops(callback: Callable[[Tensor], None]) -> Iterator[None]:
-    """Call ``callback(output)`` for every op output made inside the block, from inside the op:
-    ``sys._getframe(2)`` in the callback is the op's own frame (``ag.remat.capture`` reads the
-    op's arguments there)."""
-    _observers.append(callback)
-    try:
-        yield
-    finally:
-        _observers[:] = [c for c in _observers if c is not callback]
-
-
-@contextlib.contextmanager
-def record_tensors() -> Iterator[list[Tensor]]:
-    """Collect, in order, every Tensor that an op creates inside the block (with or without grad)."""
-    created: list[Tensor] = []
-    _recorders.append(created)
-    try:
-        yield created
-    finally:
-        _recorders[:] = [r for r in _recorders if r is not created]  # by identity: empty lists are equal
 
 
 def discard_value_if_has_rematerializer(tensor: Tensor) -> None:
@@ -388,7 +293,7 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
 
 
 def _run_step(node: Tensor) -> None:
-    """One backward step: beam back the values it reads, run its closure, discard them again."""
+    """One backward step: beam back the values it reads, run its closure on them, discard them again."""
     needed = node._saved + ((node,) if node._saves_output else ())
     if any(t.value is None for t in needed):  # something this step reads was discarded
         ### BEGIN SOLUTION
@@ -396,18 +301,14 @@ def _run_step(node: Tensor) -> None:
             if t.value is None:
                 t.value = rematerialize(t, f"backward of {node.op}")
         ### END SOLUTION
-    _step.begin(node)
-    try:
-        with phase("backward"):
-            node._backward(node)
-    finally:
-        _step.end()
+    with handover.step(node), phase("backward"):
+        node._backward(node, Saved(node.op, needed))
     for t in needed:
         t._needed_by -= 1
-        if t._needed_by <= 0 and t.rematerializer is not None:  # no step left reads it; it can come back
-            ### BEGIN SOLUTION
+        ### BEGIN SOLUTION
+        if t._needed_by <= 0:  # no step left reads it: a value that can be recomputed goes
             discard_value_if_has_rematerializer(t)
-            ### END SOLUTION
+        ### END SOLUTION
 
 
 def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
@@ -417,7 +318,7 @@ def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
                          "which was discarded and has no rematerializer")
     with no_grad(), phase("recompute"):
         value = tensor.rematerializer()
-    value = value.value if isinstance(value, Tensor) else _array(value)
+    value = value.value if isinstance(value, Tensor) else as_array(value)
     if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):
         raise GraphError(f"rematerializer of {tensor.describe()} returned shape {value.shape} "
                          f"dtype {value.dtype}, expected shape {tensor._shape} dtype {tensor._dtype}")
@@ -437,75 +338,17 @@ def _record_step(op: str, name: str | None, snapshots: list | None) -> None:
         snapshots.append(trace.snapshot_trace(op, "backward", name))
 
 
-class _Step:
-    """The backward step in progress: whose grad may be handed on without a copy."""
-
-    def __init__(self) -> None:
-        self.output_grad: np.ndarray | None = None
-        self.may_donate = False
-        self.handed_out: set[int] = set()
-
-    def begin(self, node: Tensor) -> None:
-        self.output_grad = node.grad
-        self.may_donate = not (node._retains_grad or node.is_leaf or config.eager_grads)
-        self.handed_out.clear()
-
-    def end(self) -> None:
-        self.output_grad = None
-        self.handed_out.clear()
-
-    def can_own(self, grad: np.ndarray) -> bool:
-        """A grad array may become a tensor's ``.grad`` if nobody else holds it."""
-        if not grad.flags.writeable or id(grad) in self.handed_out:
-            return False
-        og = self.output_grad
-        if og is not None and (grad is og or grad.base is og):
-            if not self.may_donate:
-                return False
-            self.may_donate = False
-        elif grad.base is not None:
-            return False
-        self.handed_out.add(id(grad))
-        return True
-
-
-_step = _Step()
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum ``grad`` over the axes that broadcasting added or stretched, back to ``shape``."""
-    if grad.shape == shape:
-        return grad
-    extra = grad.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1)
-    summed = np.empty_like(grad, shape=shape)
-    # sum straight into a fresh buffer, so the result is nobody's view and can become a .grad
-    np.sum(grad, axis=axes, keepdims=True, out=summed.reshape((1,) * extra + shape))
-    return summed
-
-
-def grad_to_overwrite(output: Tensor) -> np.ndarray:
-    """``output.grad`` itself when nothing will read it after this step, else a copy: an op may
-    then compute its input's grad in place (``g *= mask``) and hand it to one input."""
-    if _step.may_donate and _step.output_grad is output.grad:
-        return output.grad
-    return output.grad.copy()
-
-
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(_array(grad), tensor.shape)
+    grad = unbroadcast(as_array(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
-    allocating = tensor.grad is None
     ### BEGIN SOLUTION
     if tensor.grad is None:
-        tensor.grad = grad if _step.can_own(grad) else grad.copy()
+        tensor.grad = grad if handover.can_own(grad) else grad.copy()
+        trace.watch_grad(tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
     ### END SOLUTION
-    if allocating:
-        trace.watch_grad(tensor)

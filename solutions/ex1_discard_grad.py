@@ -1,9 +1,10 @@
 """Solution 1: Discarding the grad.
 
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
-into it (accumulate_grad, which the backward of matmul and sum call), and free a non-leaf
-tensor's grad right after its own backward step (backward_step, which backward runs for each
-node in turn).
+into it (accumulate_grad, which the backward of matmul and sum call): take the incoming
+array itself where handover.can_own(grad) allows it, else a copy, and tell tracing with
+trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own backward step
+(backward_step, which backward runs for each node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python solutions/ex1_discard_grad.py
@@ -17,25 +18,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ag import trace
-from ag.tensor import (GraphError, Tensor, _array, _free_graph, _run_step, _step,
-                       config, unbroadcast)
+from ag import handover, trace
+from ag.arrays import as_array, unbroadcast
+from ag.modes import config
+from ag.tensor import GraphError, Tensor, _free_graph, _run_step
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
     """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(_array(grad), tensor.shape)
+    grad = unbroadcast(as_array(grad), tensor.shape)
     if grad.dtype != tensor.dtype:
         grad = grad.astype(tensor.dtype)
-    allocating = tensor.grad is None
     if tensor.grad is None:
-        tensor.grad = grad if _step.can_own(grad) else grad.copy()
+        tensor.grad = grad if handover.can_own(grad) else grad.copy()
+        trace.watch_grad(tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
-    if allocating:
-        trace.watch_grad(tensor)
 
 
 def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:

@@ -11,7 +11,7 @@ import ag
 import fakedevice
 from ag import nn
 from ag.attention import flash_attention, naive_attention
-from ag.tensor import array_module
+from ag.arrays import array_module
 
 
 def on_device(x: np.ndarray) -> ag.Tensor:

@@ -313,9 +313,11 @@ def test_two_layer_network_grad_matches_finite_differences():
 # ---- the checker itself ----
 
 def _square_with_a_wrong_grad(a):
-    def _backward(out):
-        ag.accumulate_grad(a, out.grad * a.value)  # deliberately wrong: d(a²)/da is 2a
-    return ag.make_output(a.value ** 2, "square", (a,), _backward, saves=(a,))
+    value = a.value ** 2
+
+    def _backward(out, saved):
+        ag.accumulate_grad(a, out.grad * saved[a])  # deliberately wrong: d(a²)/da is 2a
+    return ag.make_output(value, "square", (a,), _backward, saves=(a,))
 
 
 def test_grad_check_rejects_a_wrong_gradient_and_names_the_op_input_and_element():

@@ -174,7 +174,7 @@ def test_demo_html_hands_its_path_to_the_memory_and_remat_demos(monkeypatch, tmp
     from ag import cli, demo
     _bokeh_or_skip()
     calls = []
-    monkeypatch.setattr(demo, "memory", lambda html=None: calls.append(("memory", html)))
+    monkeypatch.setattr(demo, "memory", lambda out=None, html=None: calls.append(("memory", html)))
     monkeypatch.setattr(demo, "remat_demo", lambda out, html=None: calls.append(("remat", html)))
     for name in ("memory", "remat"):
         assert cli.main(["demo", name, "--html", str(tmp_path / f"{name}.html")]) == 0

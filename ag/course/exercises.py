@@ -35,12 +35,13 @@ EXERCISES = (
     Exercise(
         1, "discard_grad", "Discarding the grad",
         "A grad buffer costs as much as its value. Allocate it lazily, the first time something "
-        "flows into it (accumulate_grad, which the backward of matmul and sum call), and free a "
-        "non-leaf tensor's grad right after its own backward step (backward_step, which backward "
-        "runs for each node in turn).",
+        "flows into it (accumulate_grad, which the backward of matmul and sum call): take the "
+        "incoming array itself where handover.can_own(grad) allows it, else a copy, and tell "
+        "tracing with trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own "
+        "backward step (backward_step, which backward runs for each node in turn).",
         (("tensor", "accumulate_grad"), ("tensor", "backward_step")),
-        "import numpy as np\n\nfrom ag import trace\nfrom ag.tensor import (GraphError, Tensor, _array, _free_graph, "
-        "_run_step, _step,\n                       config, unbroadcast)",
+        "import numpy as np\n\nfrom ag import handover, trace\nfrom ag.arrays import as_array, unbroadcast\n"
+        "from ag.modes import config\nfrom ag.tensor import GraphError, Tensor, _free_graph, _run_step",
         "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
         "print('forward MB:', [s.allocated_mb for s in run.forward])\n"
         "print('backward MB:', [s.allocated_mb for s in run.backward])",
@@ -48,12 +49,13 @@ EXERCISES = (
         needs=()),
     Exercise(
         2, "rematerialize", "Rematerialization in the backward loop",
-        "Task 1: before a backward step, give every value the step reads (node._saved, and the node "
-        "itself if node._saves_output) that was discarded its value back, by calling "
-        "rematerialize. Task 2: a tensor with a rematerializer is not a checkpoint: write "
-        "discard_value_if_has_rematerializer, and call it after the last step that reads a value.",
+        "A backward step receives exactly the values its op saved (node._saved, and the node "
+        "itself if node._saves_output), as saved[t]. Task 1: before the step, give every one of "
+        "them that was discarded its value back, by calling rematerialize. Task 2: a tensor with "
+        "a rematerializer is not a checkpoint: write discard_value_if_has_rematerializer, and "
+        "call it once no step left reads a value (t._needed_by counts the steps that still do).",
         (("tensor", "_run_step"), ("tensor", "discard_value_if_has_rematerializer")),
-        "from ag.tensor import Tensor, _step, phase, rematerialize",
+        "from ag import handover\nfrom ag.modes import phase\nfrom ag.tensor import Saved, Tensor, rematerialize",
         "import numpy as np\nimport ag\nfrom ag import course, remat\ncourse.install(__name__)\n"
         "rng = np.random.default_rng(0)\nws = [ag.Tensor(rng.standard_normal((8, 8)) / 3, requires_grad=True) "
         "for _ in range(10)]\nlayers = [lambda h, w=w: h @ w for w in ws]\nx = ag.Tensor(rng.standard_normal((4, 8)))\n"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..tensor import GraphError, Tensor, accumulate_grad, backward, make_output, no_grad, phase, release_unneeded
+from ..modes import no_grad, phase
+from ..tensor import GraphError, Saved, Tensor, accumulate_grad, backward, make_output, release_unneeded
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
@@ -23,8 +24,8 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
     if not isinstance(y, Tensor):
         raise TypeError(f"checkpoint: fn returned {type(y).__name__}, expected a Tensor")
 
-    def _backward(out: Tensor) -> None:
-        again = [Tensor(t.value, requires_grad=t.requires_grad) for t in inputs]
+    def _backward(out: Tensor, saved: Saved) -> None:
+        again = [Tensor(saved[t], requires_grad=t.requires_grad) for t in inputs]
         with phase("recompute"):
             rerun = fn(*again)
         release_unneeded([rerun], again)  # as the first forward would have: keep what backward reads

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..tensor import Tensor, config, observe_ops
+from ..hooks import observe_ops
+from ..modes import config
+from ..tensor import Tensor
 from ..trace import count_ops
 
 
@@ -240,7 +242,7 @@ class _Recorder:
     def __call__(self, output: Tensor) -> None:
         if not config.grad_enabled:
             return  # an op inside another that runs without a graph (checkpoint): the outer node owns it
-        frame = sys._getframe(2)  # this ← make_output ← the op
+        frame = sys._getframe(3)  # this ← hooks.created ← make_output ← the op
         flops = int(sum(self.counts.flops.values()))
         call = _call_of(frame)
         source = None
