@@ -122,7 +122,7 @@ def drawn_texts(fig) -> list:
 
 def overlapping_pairs(fig) -> list[tuple[str, str]]:
     texts = drawn_texts(fig)
-    renderer = plot.labels._renderer(fig)
+    renderer = plot.labels.figure_renderer(fig)
     boxes = [(t.get_text(), matplotlib.text.Text.get_window_extent(t, renderer)) for t in texts]
     return [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
             if box_a.overlaps(box_b) and box_a.width * box_a.height and box_b.width * box_b.height]
@@ -249,7 +249,7 @@ def test_the_frontier_marks_every_budget_and_names_coinciding_planners(every_fig
 def test_the_tradeoff_legend_covers_no_point(every_figure):
     fig = every_figure["tradeoff"]
     ax = fig.axes[0]
-    legend = ax.get_legend().get_window_extent(plot.labels._renderer(fig))
+    legend = ax.get_legend().get_window_extent(plot.labels.figure_renderer(fig))
     points = ax.transData.transform([(f / 1e9, p / MB) for p, f in DEMO_POINTS.values()])
     assert not any(legend.contains(x, y) for x, y in points)
 
@@ -257,7 +257,7 @@ def test_the_tradeoff_legend_covers_no_point(every_figure):
 def test_the_timeline_legend_is_outside_the_data(every_figure):
     fig = every_figure["memory_timeline"]
     ax = fig.axes[0]
-    renderer = plot.labels._renderer(fig)
+    renderer = plot.labels.figure_renderer(fig)
     assert not ax.get_legend().get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
 
 

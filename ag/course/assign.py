@@ -23,7 +23,7 @@ STUBBED_MODULE = "_stubbed"  # ag/_stubbed.py, written only into generated copie
 FORMATS = ("py", "notebook")  # exercises/ and solutions/; nbgrader's source notebooks as well
 
 
-def _function_source(module: str, name: str) -> str:
+def function_source(module: str, name: str) -> str:
     """The source of ``ag.<module>.<name>``, read from the file (decorators included)."""
     text = (PACKAGE / f"{module.replace('.', '/')}.py").read_text()  # "remat.plans" is ag/remat/plans.py
     lines = text.splitlines()
@@ -79,7 +79,7 @@ def _cut(lines: list[str], regions: list[tuple[int, int]], stubs: list[bool]) ->
 
 def render(exercise: Exercise, *, solution: bool) -> str:
     """The text of one exercise file (a student's copy, or the solution)."""
-    sources = [cut_solutions(_function_source(m, f), keep=solution) for m, f in exercise.functions]
+    sources = [cut_solutions(function_source(m, f), keep=solution) for m, f in exercise.functions]
     origin = ", ".join(sorted({f"ag/{m.replace('.', '/')}.py" for m, _ in exercise.functions}))
     kind = "Solution" if solution else "Exercise"
     statement = "\n\n".join(textwrap.fill(t, 92) for t in (exercise.statement, _needs_sentence(exercise)) if t)

@@ -130,7 +130,7 @@ def _cell_id(name: str) -> str:
 
 
 def _cells(exercise: Exercise) -> list[Cell]:
-    from .assign import BEGIN, _function_source
+    from .assign import BEGIN, function_source
     setup, tests = graded_tests(exercise)
     shadowed = _defined(setup) & {f for _, f in exercise.functions}
     if shadowed:
@@ -139,7 +139,7 @@ def _cells(exercise: Exercise) -> list[Cell]:
     cells = [Cell("markdown", "statement", _statement(exercise, tests), "locked"),
              Cell("code", "imports", f"from __future__ import annotations\n\n{exercise.imports}", "locked")]
     for module, function in exercise.functions:
-        source = _function_source(module, function).rstrip("\n")
+        source = function_source(module, function).rstrip("\n")
         cells.append(Cell("code", function, source, "solution" if BEGIN in source else "locked"))
     cells += [Cell("markdown", "check-heading", "## Check yourself", "locked"),
               Cell("code", "check", _self_check(exercise), "locked"),

@@ -5,7 +5,7 @@ import math
 from typing import Sequence
 
 
-def _renderer(fig):
+def figure_renderer(fig):
     """The renderer that measures text: the canvas's own (Agg, inline), else one made for the figure."""
     canvas = fig.canvas
     return canvas.get_renderer() if hasattr(canvas, "get_renderer") else fig._get_renderer()
@@ -44,7 +44,7 @@ def place_labels(ax, points: Sequence[tuple[float, float]], labels: Sequence[str
     """
     from matplotlib.transforms import Bbox
     fig = ax.figure
-    renderer = _renderer(fig)
+    renderer = figure_renderer(fig)
     half = marker_points * fig.dpi / 72
     groups = _crowds(ax, points, labels, half)
     centres = [tuple(c) for c in ax.transData.transform(list(groups))]

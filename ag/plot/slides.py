@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 from ..palette import CATEGORY_COLOURS, OKABE_ITO, SERIES_COLOURS, TRACEMALLOC_COLOUR, series_style
 from ..trace import CATEGORIES, MB, Snapshot
-from .labels import _renderer, place_labels
+from .labels import figure_renderer, place_labels
 
 SLIDE = (10, 5.6)  # inches: 16:9, the size a slide shows a figure at
 DPI = 150
@@ -244,7 +244,7 @@ def tradeoff(points: Mapping[str, tuple[float, float]], *, budget_bytes: float |
     legend = ax.legend(loc="upper right", framealpha=0.9)
     fig.tight_layout()
     place_labels(ax, list(coords.values()), list(coords), marker_points=7,
-                 avoid=[legend.get_window_extent(_renderer(fig))])
+                 avoid=[legend.get_window_extent(figure_renderer(fig))])
     return _save(fig, path)
 
 
@@ -281,7 +281,7 @@ def scaling(series: Mapping[str, Sequence[tuple[int, int]]], *, title: str = "Pe
     fig.tight_layout()
     ends = [points[-1] for points in series.values()]
     place_labels(ax, [(n, peak / MB) for n, peak in ends], [_mb(peak) for _, peak in ends],
-                 avoid=[legend.get_window_extent(_renderer(fig))])
+                 avoid=[legend.get_window_extent(figure_renderer(fig))])
     return _save(fig, path)
 
 

@@ -26,18 +26,17 @@ One concept per file: ``runner`` (sequential and its replay), ``cost`` (profile,
 (capture), ``model`` (the memory model), ``schedule``, ``execute``, ``checkmate``,
 ``revolve``, ``keep`` (fixed plans on a graph).
 """
-from .cost import ChainProfile, Prediction, _segment_recompute, as_profile, predict, profile
+from .cost import ChainProfile, Prediction, as_profile, predict, profile
 from .checkmate import checkmate, lower_bound_bytes
 from .dtr import HEURISTICS, DynamicRun, dynamic
 from .execute import Execution, execute
 from .function import checkpoint
-from .plans import (STRATEGIES, _every, _fits, _greedy, _local_peak, _num_layers, _optimal, _pareto, mode_for,
-                    plan)
+from .plans import STRATEGIES, mode_for, plan
 from .graph import BackwardStep, CaptureError, Graph, Node, capture
 from .keep import chain_schedule, from_keep, nemo
 from .model import ScheduleError, simulate
 from .revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
-from .runner import Layer, _check_checkpoints, sequential
+from .runner import Layer, sequential
 from .schedule import Schedule
 
 __all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainProfile", "DynamicRun", "Execution",

@@ -7,8 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tensor import Tensor, no_grad
-from .runner import Layer, _check_checkpoints
+from ..modes import no_grad
+from ..tensor import Tensor
+from .runner import Layer, check_checkpoints
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def predict(chain, checkpoints: Sequence[int], *, mode: str = "segment") -> Pred
     input and its output.
     """
     p = as_profile(chain)
-    kept = _check_checkpoints("predict", checkpoints, p.n)
+    kept = check_checkpoints("predict", checkpoints, p.n)
     s, n = p.sizes, p.n
     peak, flops, layers = 0, 0, 0
     kept_up_to = np.cumsum([s[i] if i in kept else 0 for i in range(n)])

@@ -9,9 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tensor import Tensor, record_tensors, release_unneeded
+from ..hooks import record_tensors
+from ..tensor import Tensor, release_unneeded
 from .graph import Graph
-from .runner import Layer, _Chain
+from .runner import Chain, Layer
 
 
 def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dtr_eq"):
@@ -62,7 +63,7 @@ def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tens
     return h
 
 
-class _Dynamic(_Chain):
+class _Dynamic(Chain):
     """A chain whose layers are evicted and replayed at run time, under a byte budget."""
 
     def __init__(self, layers: list[Layer], x: Tensor, budget: int) -> None:
@@ -179,10 +180,10 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
     if not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < graph.leaf_bytes:
         raise ValueError(f"dynamic: budget_bytes must be at least the {graph.leaf_bytes:,} bytes the inputs and "
                          f"parameters hold, got {budget_bytes!r}")
-    from .execute import _Run, traced
+    from .execute import Run, traced
     start = time.perf_counter()
     with traced(graph) as measured:
-        dtr = _GraphDTR(graph, int(budget_bytes), heuristic, _Run(graph))
+        dtr = _GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))
         dtr.run()
         predicted, evictions = dtr.run_.memory.peak, dtr.evictions
         del dtr

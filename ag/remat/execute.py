@@ -17,7 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from .. import trace
-from ..tensor import GraphError, Tensor, backward_step, no_grad, phase
+from ..modes import no_grad, phase
+from ..tensor import GraphError, Tensor, backward_step
 from .graph import Graph
 from .model import Memory, events
 
@@ -33,7 +34,7 @@ class Execution:
     loss: float
 
 
-class _Run:
+class Run:
     """One run of the captured step: a fresh Tensor per node, made when the node is first computed."""
 
     def __init__(self, graph: Graph) -> None:
@@ -138,7 +139,7 @@ def measure(graph: Graph) -> None:
         for measuring in (False, True):  # the first run warms up what NumPy caches; the second is measured
             for leaf in graph.leaves:
                 leaf.grad = None
-            run = _Run(graph)
+            run = Run(graph)
             run.measuring = measuring
             run.run(*keep_all(graph))
     finally:
@@ -157,11 +158,11 @@ def execute(schedule, *, trace_memory: bool = True) -> Execution:
     start = time.perf_counter()
     if not trace_memory:
         with trace.count_ops() as counts:
-            loss = _Run(schedule.graph).run(schedule.R, schedule.S)
+            loss = Run(schedule.graph).run(schedule.R, schedule.S)
         return Execution(None, int(counts.flops["recompute"]), schedule.predicted_peak_bytes,
                          time.perf_counter() - start, loss)
     with traced(schedule.graph) as measured:
-        run = _Run(schedule.graph)
+        run = Run(schedule.graph)
         loss = run.run(schedule.R, schedule.S)
         del run
     return Execution(measured.peak_bytes, measured.recompute_flops, schedule.predicted_peak_bytes,

@@ -13,7 +13,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..tensor import GraphError, Tensor, no_grad, record_tensors, release_unneeded
+from ..hooks import record_tensors
+from ..modes import no_grad
+from ..tensor import GraphError, Tensor, release_unneeded
 
 
 Layer = Callable[[Tensor], Tensor]
@@ -31,8 +33,8 @@ def sequential(layers: Sequence[Layer], x: Tensor, checkpoints: Sequence[int], *
     """
     if mode not in ("segment", "tensor"):
         raise ValueError(f"sequential: mode must be 'segment' or 'tensor', got {mode!r}")
-    kept = _check_checkpoints("sequential", checkpoints, len(layers))
-    chain = _Chain(list(layers), x, mode)
+    kept = check_checkpoints("sequential", checkpoints, len(layers))
+    chain = Chain(list(layers), x, mode)
     h, last_kept = x, -1
     for k, layer in enumerate(chain.layers):
         with record_tensors() as made:
@@ -49,7 +51,7 @@ def sequential(layers: Sequence[Layer], x: Tensor, checkpoints: Sequence[int], *
     return h
 
 
-class _Chain:
+class Chain:
     """What a replay needs: the layers, what each made the first time, and the kept outputs.
 
     It holds the tensors weakly: the graph decides how long they live, as without it.
@@ -117,7 +119,7 @@ class _Chain:
 class _Replay:
     """A tensor's rematerializer: replay layers start+1..stop and hand back its value."""
 
-    def __init__(self, chain: _Chain, start: int, stop: int, tensor: Tensor) -> None:
+    def __init__(self, chain: Chain, start: int, stop: int, tensor: Tensor) -> None:
         self.chain, self.start, self.stop = chain, start, stop
         self.tensor = weakref.ref(tensor)  # a strong one would be a cycle through the tensor
 
@@ -125,7 +127,8 @@ class _Replay:
         return self.chain.replay(self.start, self.stop, self.tensor())
 
 
-def _check_checkpoints(op: str, checkpoints: Sequence[int], n: int) -> set[int]:
+def check_checkpoints(op: str, checkpoints: Sequence[int], n: int) -> set[int]:
+    """The kept layer indices as a set, each checked to lie in 0..n-1 (``op`` names the caller in errors)."""
     kept = set()
     for c in checkpoints:
         if not isinstance(c, (int, np.integer)) or not 0 <= c < n:

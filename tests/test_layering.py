@@ -1,0 +1,432 @@
+"""The code as a lecture: imports point down, no module uses another module's private names, and
+no module shadows a built-in. Each rule reads the source of every module under ag/ with ``ast``."""
+from __future__ import annotations
+
+import ast
+import builtins
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ag"
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+UPPER_MODULES = ("ag.demo", "ag.cli")  # the top of the house: only the command line reaches them
+MAY_IMPORT_UPPER = ("ag/cli.py", "ag/__main__.py")
+MAY_SHADOW_BUILTINS = ("ag/ops.py", "ag/__init__.py")  # ops defines ag.sum, ag.max...; __init__ re-exports them
+BUILTIN_NAMES = frozenset(name for name in dir(builtins) if not name.startswith("__"))
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(PACKAGE.parent).as_posix()
+
+
+def _modules_under(package: Path) -> frozenset[str]:
+    """The dotted names of ag's modules and packages: ``ag``, ``ag.remat``, ``ag.remat.dtr``..."""
+    names = set()
+    for path in package.rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return frozenset(names)
+
+
+MODULES = _modules_under(PACKAGE)
+
+
+def _module_of(path: str) -> str:
+    """``ag/remat/dtr.py`` is ``ag.remat.dtr``; ``ag/remat/__init__.py`` is ``ag.remat``."""
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(path: str) -> str:
+    """The package that relative imports in ``path`` start from."""
+    return _module_of(path) if path.endswith("__init__.py") else _module_of(path).rpartition(".")[0]
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _is_ag(module: str) -> bool:
+    return module == "ag" or module.startswith("ag.")
+
+
+def _imported_from(path: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from X import ...`` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = _package_of(path).split(".")
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _private_module_outside(importer: str, module: str) -> bool:
+    """Whether ``module`` has a private part (``ag.course._stubbed``) that ``importer`` lives outside
+    of: a private module belongs to its package, and only that package's modules may use it."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        owner = ".".join(parts[:i])
+        if _is_private(part) and importer != owner and not importer.startswith(owner + "."):
+            return True
+    return False
+
+
+# ---- rule a: imports point down ----
+
+def upper_imports(path: str, source: str) -> list[str]:
+    """``file:line`` of every import of ag.demo or ag.cli, relative or absolute, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            origin = _imported_from(path, node)
+            targets = [origin] + [f"{origin}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            hit = next((m for m in UPPER_MODULES if target == m or target.startswith(m + ".")), None)
+            if hit:
+                found.append(f"{path}:{node.lineno}: imports {hit}")
+                break
+    return found
+
+
+# ---- rule b: no module uses another module's private names ----
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_SCOPES = _FUNCTIONS + (ast.ClassDef,)
+
+
+def _runs_outside(node: ast.AST) -> list[ast.AST]:
+    """The parts of a def, class or lambda that run in the enclosing scope: decorators, defaults, bases."""
+    parts = list(getattr(node, "decorator_list", ()))
+    if isinstance(node, ast.ClassDef):
+        return parts + node.bases + [keyword.value for keyword in node.keywords]
+    return parts + [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None]
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of one scope, not descending into the bodies of the functions and classes it defines."""
+    stack = [scope.body] if isinstance(scope, ast.Lambda) else list(scope.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(_runs_outside(node) if isinstance(node, _SCOPES) else ast.iter_child_nodes(node))
+
+
+class _Scope:
+    """The names one scope binds: to an ag module by an import, or to anything else."""
+
+    def __init__(self, node: ast.AST, path: str, modules: frozenset[str]) -> None:
+        self.node, self.modules, self.others = node, {}, set()
+        if isinstance(node, _FUNCTIONS):
+            args = node.args
+            self.others |= {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg,
+                                            args.kwarg) if a is not None}
+        for child in _own_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.asname:
+                        self._bind(alias.asname, alias.name if alias.name in modules else None)
+                    else:
+                        top = alias.name.partition(".")[0]
+                        self._bind(top, top if top in modules else None)
+            elif isinstance(child, ast.ImportFrom):
+                origin = _imported_from(path, child)
+                for alias in child.names:
+                    target = f"{origin}.{alias.name}"
+                    self._bind(alias.asname or alias.name, target if target in modules else None)
+            elif isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
+                self.others.add(child.id)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.others.add(child.name)
+            elif isinstance(child, ast.ExceptHandler) and child.name:
+                self.others.add(child.name)
+
+    def _bind(self, name: str, module: str | None) -> None:
+        if name == "*":
+            return
+        if module is None:
+            self.others.add(name)
+        else:
+            self.modules[name] = module
+
+
+def _module_named(name: str, scopes: list[_Scope]) -> str | None:
+    """The ag module ``name`` stands for in the innermost scope of ``scopes`` (None: not a module).
+    A class body's names are not seen from the functions inside it."""
+    for depth, scope in enumerate(reversed(scopes)):
+        if depth and isinstance(scope.node, ast.ClassDef):
+            continue
+        if name in scope.others:
+            return None
+        if name in scope.modules:
+            return scope.modules[name]
+    return None
+
+
+def _module_of_expression(node: ast.AST, scopes: list[_Scope], modules: frozenset[str]) -> str | None:
+    """``trace`` or ``plot.labels``, when each name is an ag module bound by an import."""
+    if isinstance(node, ast.Name):
+        return _module_named(node.id, scopes)
+    if isinstance(node, ast.Attribute):
+        outer = _module_of_expression(node.value, scopes, modules)
+        if outer and f"{outer}.{node.attr}" in modules:
+            return f"{outer}.{node.attr}"
+    return None
+
+
+def private_uses(path: str, source: str, modules: frozenset[str] = MODULES) -> list[str]:
+    """``file:line`` of every private name (``_x``, not ``__x__``) this module takes from another ag
+    module: ``from .x import _name``, ``from . import _x`` (unless ``_x`` is a module of this
+    module's own package) and ``module._name`` where ``module`` was bound by importing an ag module.
+    Attributes of objects (``tensor._needed_by``) are not module names and pass."""
+    here = _module_of(path)
+    found = []
+
+    def other_module_private(module: str, name: str) -> bool:
+        target = f"{module}.{name}"
+        if target in modules:  # a submodule: private only if it lies in a package we are outside of
+            return _private_module_outside(here, target)
+        return _is_private(name) and module != here
+
+    def visit(scope_node: ast.AST, scopes: list[_Scope]) -> None:
+        scopes = scopes + [_Scope(scope_node, path, modules)]
+        for node in _own_nodes(scope_node):
+            if isinstance(node, ast.ImportFrom):
+                origin = _imported_from(path, node)
+                if not _is_ag(origin):
+                    continue
+                if _private_module_outside(here, origin):
+                    found.append(f"{path}:{node.lineno}: imports the private module {origin}")
+                for alias in node.names:
+                    if other_module_private(origin, alias.name):
+                        found.append(f"{path}:{node.lineno}: imports {alias.name} from {origin}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if _is_ag(alias.name) and _private_module_outside(here, alias.name):
+                        found.append(f"{path}:{node.lineno}: imports the private module {alias.name}")
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                module = _module_of_expression(node.value, scopes, modules)
+                if module and other_module_private(module, node.attr):
+                    found.append(f"{path}:{node.lineno}: uses {module}.{node.attr}")
+            if isinstance(node, _SCOPES):
+                visit(node, scopes)
+
+    visit(ast.parse(source), [])
+    return sorted(set(found), key=lambda line: (int(line.split(":")[1]), line))
+
+
+# ---- rule c: no built-in shadowed ----
+
+def _bound_names(node: ast.AST) -> list[str]:
+    """The names a module-level statement binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [alias.asname or alias.name.partition(".")[0] for alias in node.names if alias.name != "*"]
+    targets = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+        targets = [node.target]
+    elif isinstance(node, (ast.With, ast.AsyncWith)):
+        targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    elif isinstance(node, ast.ExceptHandler) and node.name:
+        return [node.name]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+def shadowed_builtins(path: str, source: str) -> list[str]:
+    """``file:line`` of every module-level binding (def, class, assignment, import) of a built-in's name."""
+    found = []
+    for node in _own_nodes(ast.parse(source)):
+        for name in _bound_names(node):
+            if name in BUILTIN_NAMES:
+                found.append(f"{path}:{node.lineno}: binds the built-in {name}")
+    return sorted(found, key=lambda line: int(line.split(":")[1]))
+
+
+# ---- rule d: ops never needs builtins ----
+
+def builtins_uses(path: str, source: str) -> list[str]:
+    """``file:line`` of every import of ``builtins`` and every ``builtins.x`` it reads."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name == "builtins" for a in node.names):
+            found.append(f"{path}:{node.lineno}: imports builtins")
+        elif isinstance(node, ast.ImportFrom) and node.module == "builtins" and not node.level:
+            found.append(f"{path}:{node.lineno}: imports from builtins")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "builtins":
+            found.append(f"{path}:{node.lineno}: uses builtins.{node.attr}")
+    return found
+
+
+def _offenders(check, paths=None, **kwargs) -> list[str]:
+    found = []
+    for source in SOURCES:
+        path = _relative(source)
+        if paths is None or path in paths:
+            found += check(path, source.read_text(), **kwargs)
+    return found
+
+
+def _message(rule: str, offenders: list[str]) -> str:
+    return f"{rule}; {len(offenders)} offender(s):\n  " + "\n  ".join(offenders)
+
+
+def test_no_module_below_the_command_line_imports_demo_or_cli():
+    offenders = [line for line in _offenders(upper_imports) if line.split(":")[0] not in MAY_IMPORT_UPPER]
+    assert not offenders, _message("only ag/cli.py and ag/__main__.py may import ag.demo or ag.cli", offenders)
+
+
+def test_no_module_uses_another_modules_private_names():
+    offenders = _offenders(private_uses)
+    assert not offenders, _message("a name another module uses is public: drop its leading underscore",
+                                   offenders)
+
+
+def test_no_module_but_ops_shadows_a_builtin_at_module_level():
+    offenders = [line for line in _offenders(shadowed_builtins) if line.split(":")[0] not in MAY_SHADOW_BUILTINS]
+    assert not offenders, _message("only ag/ops.py and ag/__init__.py may bind a built-in's name", offenders)
+
+
+def test_ops_never_needs_the_builtins_module():
+    offenders = _offenders(builtins_uses, paths={"ag/ops.py"})
+    assert not offenders, _message("ag/ops.py reaches past its own sum/max/... to builtins", offenders)
+
+
+def test_the_rules_read_every_module_of_the_package():
+    paths = {_relative(p) for p in SOURCES}
+    assert {"ag/__init__.py", "ag/ops.py", "ag/cli.py", "ag/remat/dtr.py", "ag/course/assign.py"} <= paths
+    assert {"ag", "ag.remat", "ag.remat.dtr", "ag.plot.labels"} <= MODULES
+
+
+# ---- each rule can fail: checked on small sources ----
+
+SMALL = frozenset({"ag", "ag.trace", "ag.demo", "ag.cli", "ag.remat", "ag.remat.runner", "ag.remat.dtr",
+                   "ag.plot", "ag.plot.labels", "ag.course", "ag.course._stubbed", "ag.course.assign"})
+
+
+def test_upper_imports_finds_relative_absolute_and_from_package_forms():
+    source = "import ag.demo\nfrom ag.cli import main\nfrom . import demo\nfrom .demo import table\n"
+    assert upper_imports("ag/parallel.py", source) == [
+        "ag/parallel.py:1: imports ag.demo", "ag/parallel.py:2: imports ag.cli",
+        "ag/parallel.py:3: imports ag.demo", "ag/parallel.py:4: imports ag.demo"]
+    assert upper_imports("ag/remat/sweep.py", "def f():\n    from ..cli import main\n") == [
+        "ag/remat/sweep.py:2: imports ag.cli"]
+    assert upper_imports("ag/parallel.py", "import ag.trace\nfrom . import trace\nfrom .demos import x\n") == []
+
+
+def test_private_uses_finds_imports_and_module_attributes():
+    source = ("from .runner import Layer, _Chain\n"
+              "from .. import trace\n"
+              "from ..plot import labels\n"
+              "import ag\n"
+              "def f():\n"
+              "    trace._device_module()\n"
+              "    return labels._renderer, ag.plot.labels._renderer\n")
+    assert private_uses("ag/remat/dtr.py", source, SMALL) == [
+        "ag/remat/dtr.py:1: imports _Chain from ag.remat.runner",
+        "ag/remat/dtr.py:6: uses ag.trace._device_module",
+        "ag/remat/dtr.py:7: uses ag.plot.labels._renderer"]
+    assert private_uses("ag/remat/__init__.py", "from .runner import _check\n", SMALL) == [
+        "ag/remat/__init__.py:1: imports _check from ag.remat.runner"]
+
+
+def test_private_uses_passes_objects_own_names_and_package_private_modules():
+    source = ("from .. import trace\n"
+              "def f(tensor, trace):\n"
+              "    return tensor._needed_by, trace._anything\n"
+              "def g(x):\n"
+              "    return x._value, _local()\n"
+              "def _local():\n"
+              "    return trace.__name__\n"
+              "import numpy as np\n"
+              "np._private\n")
+    assert private_uses("ag/remat/dtr.py", source, SMALL) == []
+    assert private_uses("ag/course/assign.py", "from . import _stubbed\nfrom ._stubbed import X\n", SMALL) == []
+    assert private_uses("ag/remat/dtr.py", "from ..course import _stubbed\n", SMALL) == [
+        "ag/remat/dtr.py:1: imports _stubbed from ag.course"]
+
+
+def test_shadowed_builtins_finds_defs_assignments_and_imports_at_module_level_only():
+    source = ("from .ops import sum, matmul\n"
+              "def max(x):\n    len = 3\n    return len\n"
+              "abs = 1\n"
+              "if True:\n    type = str\n"
+              "class C:\n    min = 0\n")
+    assert shadowed_builtins("ag/demo.py", source) == [
+        "ag/demo.py:1: binds the built-in sum", "ag/demo.py:2: binds the built-in max",
+        "ag/demo.py:5: binds the built-in abs", "ag/demo.py:7: binds the built-in type"]
+    assert shadowed_builtins("ag/demo.py", "from . import ops\ntotal = ops.sum\n") == []
+
+
+def test_builtins_uses_finds_the_import_and_its_attributes():
+    assert builtins_uses("ag/ops.py", "import builtins\nbuiltins.max(1, 2)\n") == [
+        "ag/ops.py:1: imports builtins", "ag/ops.py:2: uses builtins.max"]
+    assert builtins_uses("ag/ops.py", "def sum(x):\n    return x\n") == []
+
+
+# ---- the README's module map is the import graph ----
+
+def _unit(module: str) -> str:
+    """A top-level module or subpackage of ag: ``ag.remat.dtr`` is ``remat``."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``: they cost nothing at run time."""
+    hidden = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            hidden |= {id(n) for child in node.body for n in ast.walk(child)}
+    return hidden
+
+
+def module_map() -> dict[str, set[str]]:
+    """Each top-level module or subpackage of ag, and the others it imports (anywhere in it)."""
+    uses: dict[str, set[str]] = {}
+    for path in SOURCES:
+        name = _relative(path)
+        unit = _unit(_module_of(name))
+        if unit in ("ag", "__main__"):
+            continue
+        tree = ast.parse(path.read_text())
+        hidden = _type_checking_only(tree)
+        targets = uses.setdefault(unit, set())
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                source = _imported_from(name, node)
+                modules = [f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            targets |= {_unit(m) for m in modules if _is_ag(m) and m != "ag"} - {unit}
+    return uses
+
+
+def _readme_map() -> dict[str, set[str]]:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("<!-- module map -->", 2)[1]
+    rows = [line.split("|")[1:3] for line in block.splitlines() if line.startswith("| `")]
+    return {name.strip(" `/"): {u.strip(" `/") for u in used.split(",") if u.strip() not in ("", "—")}
+            for name, used in rows}
+
+
+def test_the_readme_module_map_is_the_import_graph():
+    assert _readme_map() == module_map()
+
+
+def test_every_module_uses_only_modules_above_it_in_the_readme_map():
+    order = list(_readme_map())
+    upward = {(user, used) for user, uses in _readme_map().items() for used in uses
+              if order.index(used) > order.index(user)}
+    assert upward == {("remat", "nn")}  # the README names this one: remat's example graphs build nn layers
