@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import trace
-from .ops import matmul, sum
-from .tensor import Tensor, eager_grads
+from . import ops, trace
+from .modes import eager_grads
+from .tables import table
+from .tensor import Tensor
 
 N = 1000
 
@@ -57,9 +58,9 @@ def matmul_chain(batch: int, n_layers: int, *, eager: bool, width: int = N,
         try:
             forward = []
             for w in weights:
-                x = matmul(x, w)
+                x = ops.matmul(x, w)
                 forward.append(trace.snapshot_trace("matmul", "forward"))
-            loss = sum(x)
+            loss = ops.sum(x)
             del x
             backward = loss.backward(trace=True)
         finally:
@@ -73,16 +74,6 @@ def _chain_tensors(batch: int, n_layers: int, width: int, seed: int) -> tuple[Te
     weights = [Tensor(rng.standard_normal((width, width)) / np.sqrt(width), requires_grad=True, name=f"w{i}")
                for i in range(n_layers)]
     return Tensor(rng.standard_normal((batch, width)), name="x"), weights
-
-
-def table(header, rows) -> None:
-    """Print rows under a header, each column right-aligned to its widest cell."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for j, row in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 def _mb_row(snapshots: list[trace.Snapshot]) -> str:
@@ -138,8 +129,8 @@ def chain_timelines(batch: int, n_layers: int, width: int = N, seed: int = 0) ->
             x, weights = _chain_tensors(batch, n_layers, width, seed)
             with trace.tracing() as timeline:
                 for w in weights:
-                    x = matmul(x, w)
-                loss = sum(x)
+                    x = ops.matmul(x, w)
+                loss = ops.sum(x)
                 del x
                 loss.backward()
         timelines[label] = timeline
@@ -170,7 +161,7 @@ def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed:
     rng = np.random.default_rng(seed)
     weights = [Tensor((rng.standard_normal((width, width)) / np.sqrt(width)).astype(dtype), requires_grad=True)
                for _ in range(n_layers)]
-    layers = [lambda h, w=w: matmul(h, w) for w in weights]
+    layers = [lambda h, w=w: ops.matmul(h, w) for w in weights]
     x = Tensor(rng.standard_normal((batch, width)).astype(dtype))
     profile = remat.profile(layers, x)
     budget = remat.predict(profile, remat.plan(n_layers, "sqrt")).peak_bytes  # greedy, optimal: same budget
@@ -186,14 +177,14 @@ def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed:
     runs = []
     for name, kept in plans.items():
         mode = remat.mode_for(name.split()[0])
-        sum(remat.sequential(layers, x, kept, mode=mode)).backward()  # warm-up; weights' grads exist
+        ops.sum(remat.sequential(layers, x, kept, mode=mode)).backward()  # warm-up; weights' grads exist
         seconds = float("inf")
         for _ in range(3):  # best of three: a shared machine adds noise, never speed
             start = time.perf_counter()
-            sum(remat.sequential(layers, x, kept, mode=mode)).backward()
+            ops.sum(remat.sequential(layers, x, kept, mode=mode)).backward()
             seconds = min(seconds, time.perf_counter() - start)
         with trace.tracing() as timeline, count_ops() as counts:
-            sum(remat.sequential(layers, x, kept, mode=mode)).backward()
+            ops.sum(remat.sequential(layers, x, kept, mode=mode)).backward()
         runs.append(RematRun(name, kept, mode, max(s.peak_bytes for s in timeline),
                              remat.predict(profile, kept, mode=mode).peak_bytes, counts, seconds, timeline))
     return runs
@@ -207,15 +198,8 @@ def remat_demo(out_dir: str = "ag-plots", html: str | None = None) -> None:
     print("(peak: tracemalloc over forward + backward; pred: ag.remat.predict, which counts activations")
     print(" and their grads: the measured peak also holds one weight's grad in flight, 4 MB)")
     print()
-    header = f"{'strategy':<12} {'kept outputs':<24} {'mode':<8} {'peak MB':>8} {'pred MB':>8} " \
-             f"{'fwd':>4} {'recomp':>6} {'bwd':>4} {'best ms':>7}"
-    print(header)
-    print("-" * len(header))
-    for r in runs:
-        m = r.counts.matmuls
-        print(f"{r.strategy:<12} {str(r.checkpoints):<24} {r.mode:<8} {r.peak_bytes / trace.MB:8.1f} "
-              f"{r.predicted_peak_bytes / trace.MB:8.1f} {m['forward']:4d} {m['recompute']:6d} "
-              f"{m['backward']:4d} {r.seconds * 1e3:7.1f}")
+    table(("strategy", "kept outputs", "mode", "peak MB", "pred MB", "fwd", "recomp", "bwd", "best ms"),
+          [_strategy_row(r) for r in runs], left=3)
     print()
     print("matmuls: the lecture counts 30 without and 75 with full recomputation because it also")
     print("computes the input's grad; ag skips it (the input needs none), so 29 and 74.")
@@ -231,6 +215,14 @@ def remat_demo(out_dir: str = "ag-plots", html: str | None = None) -> None:
         budget_label="greedy's and optimal's budget (on the predicted peak)"))
     if html:
         _save_html(html, timelines, "Rematerialization on 10 layers of x = ag.matmul(x, w): every strategy")
+
+
+def _strategy_row(r: RematRun) -> tuple:
+    """One line of ``remat_demo``'s table: the plan, the peaks in MB, the matmuls by phase, the time."""
+    m = r.counts.matmuls
+    return (r.strategy, r.checkpoints, r.mode, f"{r.peak_bytes / trace.MB:.1f}",
+            f"{r.predicted_peak_bytes / trace.MB:.1f}", m["forward"], m["recompute"], m["backward"],
+            f"{r.seconds * 1e3:.1f}")
 
 
 def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit: float = 10) -> dict:
@@ -249,8 +241,8 @@ def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit:
                  f"{p.predicted_peak_bytes / trace.MB:.2f}", f"{p.peak_bytes / trace.MB:.2f}",
                  f"{p.recompute_flops / 1e6:,.1f}", p.status, "-" if p.gap is None else f"{p.gap:.0%}",
                  f"{p.solve_seconds:.1f}") for p in sweeps[name]]
-        table(("planner", "budget MB", "pred MB", "peak MB", "recompute MFLOP", "status", "gap",
-                     "solver s"), rows)
+        table(("planner", "budget MB", "pred MB", "peak MB", "recompute MFLOP", "status", "gap", "solver s"),
+              rows)
         print()
     print("(peak: tracemalloc over forward + backward, leaves included; pred: ag.remat's memory model;")
     print(" gap: how far above HiGHS' lower bound a time-limited MILP stopped)")
@@ -298,7 +290,7 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
     the CPU; with ``device="gpu"``, CuPy's memory pool's (the CUDA kernels run flash)."""
     from .attention import flash_attention, naive_attention
     rng = np.random.default_rng(seed)
-    xp = np if device == "cpu" else trace._device_module(device)
+    xp = np if device == "cpu" else trace.device_module(device)
     backend = "numpy" if device == "cpu" else "cupy"
     rows = []
     for n in sizes:
@@ -339,22 +331,6 @@ def attention_demo(out_dir: str = "ag-plots", device="cpu") -> None:
     _save_plot(out_dir, "attention_scaling.png", lambda plot, path: plot.scaling(
         {"naive": [(r.n, r.naive_bytes) for r in rows if r.naive_bytes], "flash": [(r.n, r.flash_bytes) for r in rows]},
         path=path, title="Attention: peak memory of forward + backward"))
-
-
-def measure_activation_bytes(model, x: Tensor) -> int:
-    """Bytes a forward of ``model`` on ``x`` leaves alive for backward, the paper's way.
-
-    tracemalloc counts NumPy's buffers made during the forward (parameters exist before);
-    the output is not counted (it is the next layer's input) and the input is (the first
-    layer norm keeps it): kept = after − before − output.nbytes + input.nbytes.
-    """
-    trace.start_trace()
-    try:
-        out = model(x)
-        alive = trace.snapshot_trace().allocated_bytes
-    finally:
-        trace.end_trace()
-    return alive - out.value.nbytes + x.value.nbytes
 
 
 @dataclass
@@ -416,7 +392,7 @@ def layer_activations(s: int, b: int, h: int, a: int, setting: str, *, num_query
     layer = nn.TransformerLayer(h, a, num_query_groups=num_query_groups, dtype=np.float16, seed=seed,
                                 attention="flash" if setting == "flash" else "naive",
                                 activations_checkpoint_granularity=granularity)
-    measured = measure_activation_bytes(layer, _layer_input(s, b, h, seed))
+    measured = trace.measure_activation_bytes(layer, _layer_input(s, b, h, seed))
     recompute = "selective" if setting == "flash" else granularity
     predicted = memory_model.activation_bytes_per_layer(s, b, h, a, recompute=recompute,
                                                         num_query_groups=num_query_groups)
@@ -435,7 +411,7 @@ def stack_activations(num_layers: int, s: int, b: int, h: int, a: int, method: s
     model = nn.Transformer(num_layers, h, a, activations_checkpoint_granularity="full",
                            activations_checkpoint_method=method, activations_checkpoint_num_layers=n,
                            dtype=np.float16, seed=seed)
-    measured = measure_activation_bytes(model, _layer_input(s, b, h, seed))
+    measured = trace.measure_activation_bytes(model, _layer_input(s, b, h, seed))
     full = memory_model.activation_bytes_per_layer(s, b, h, a)
     kept_input = memory_model.activation_bytes_per_layer(s, b, h, a, recompute="full")
     if method == "uniform":
@@ -493,7 +469,7 @@ def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
     print()
     activation_table(rows)
     print()
-    exact = len([r for r in rows if r.measured_bytes == r.predicted_bytes])  # ag.ops.sum shadows sum here
+    exact = sum(r.measured_bytes == r.predicted_bytes for r in rows)
     print(f"{exact} of {len(rows)} rows equal the formula to the byte. flash keeps selective's bytes")
     print("plus its logsumexp (2asb); a full stack's rows are its bytes after the forward over L.")
     if out_dir is None:

@@ -39,16 +39,33 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
-RECOMPUTE = (None, "selective", "full")
-METHODS = ("uniform", "block")
+RECOMPUTE = (None, "selective", "full")  # NeMo's activations_checkpoint_granularity, as ag.nn takes it
+METHODS = ("uniform", "block")  # NeMo's activations_checkpoint_method
 ATTENTION_SCORES = ("attention.softmax_output", "attention.softmax_dropout_mask",
                     "attention.softmax_dropout_output")
 
 
 # ---- one layer ----
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One transformer layer as the formulas see it: its shape (s, b, h, a), its parallelism,
+    its recomputation and the bytes of a value and of a mask (the paper's 2 and 1)."""
+
+    s: int
+    b: int
+    h: int
+    a: int
+    t: int = 1
+    sequence_parallel: bool = False
+    recompute: str | None = None
+    num_query_groups: int | None = None
+    bytes_per_value: int = 2
+    bytes_per_mask: int = 1
+
 
 @dataclass(frozen=True)
 class _Shard:
@@ -74,17 +91,16 @@ def _check_positive(op: str, name: str, value) -> None:
         raise ValueError(f"{op}: {name} must be a positive integer, got {value!r}")
 
 
-def _check_layer(op: str, s, b, h, a, t, sequence_parallel, recompute, num_query_groups,
-                 bytes_per_value, bytes_per_mask) -> _Shard:
-    for name, value in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t),
-                        ("bytes_per_value", bytes_per_value), ("bytes_per_mask", bytes_per_mask)):
-        _check_positive(op, name, value)
-    g = a if num_query_groups is None else num_query_groups
+def _check_layer(op: str, layer: LayerShape) -> _Shard:
+    s, b, h, a, t = layer.s, layer.b, layer.h, layer.a, layer.t
+    for name in ("s", "b", "h", "a", "t", "bytes_per_value", "bytes_per_mask"):
+        _check_positive(op, name, getattr(layer, name))
+    g = a if layer.num_query_groups is None else layer.num_query_groups
     _check_positive(op, "num_query_groups", g)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"{op}: recompute must be None, 'selective' or 'full', got {recompute!r}")
-    if not isinstance(sequence_parallel, bool):
-        raise ValueError(f"{op}: sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if layer.recompute not in RECOMPUTE:
+        raise ValueError(f"{op}: recompute must be None, 'selective' or 'full', got {layer.recompute!r}")
+    if not isinstance(layer.sequence_parallel, bool):
+        raise ValueError(f"{op}: sequence_parallel must be True or False, got {layer.sequence_parallel!r}")
     if h % a:
         raise ValueError(f"{op}: hidden size h={h} is not divisible by a={a} heads; "
                          f"expected h % a == 0 so that each head gets h/a channels")
@@ -98,19 +114,18 @@ def _check_layer(op: str, s, b, h, a, t, sequence_parallel, recompute, num_query
         raise ValueError(f"{op}: num_query_groups={g} key/value groups cannot be split over t={t} "
                          f"tensor-parallel ranks; expected num_query_groups % t == 0 "
                          f"(key/value heads replicated across ranks are not modelled)")
-    if sequence_parallel and s % t:
+    if layer.sequence_parallel and s % t:
         raise ValueError(f"{op}: sequence length s={s} cannot be split over t={t} ranks for sequence "
                          f"parallelism; expected s % t == 0")
-    tokens = s // t if sequence_parallel else s
+    tokens = s // t if layer.sequence_parallel else s
     return _Shard(s, b, h, h // a, a // t, g // t, tokens, 4 * h // t)
 
 
-def _terms(op: str, s, b, h, a, t, sequence_parallel, recompute, num_query_groups,
-           bytes_per_value, bytes_per_mask) -> dict[str, int]:
-    x = _check_layer(op, s, b, h, a, t, sequence_parallel, recompute, num_query_groups,
-                     bytes_per_value, bytes_per_mask)
+def _terms(op: str, layer: LayerShape) -> dict[str, int]:
+    x = _check_layer(op, layer)
+    bytes_per_value, bytes_per_mask = layer.bytes_per_value, layer.bytes_per_mask
     replicated = x.tokens * x.b * x.h  # a (tokens, b, h) tensor outside the tensor-parallel regions
-    if recompute == "full":
+    if layer.recompute == "full":
         return {"layer.input": replicated * bytes_per_value}
     scores = x.heads * x.s * x.s * x.b  # (a/t, s, s) per sample
     elements = {
@@ -131,7 +146,12 @@ def _terms(op: str, s, b, h, a, t, sequence_parallel, recompute, num_query_group
         "mlp.dropout_mask": (replicated, bytes_per_mask),
     }
     return {name: count * size for name, (count, size) in elements.items()
-            if not (recompute == "selective" and name in ATTENTION_SCORES)}
+            if not (layer.recompute == "selective" and name in ATTENTION_SCORES)}
+
+
+def _layer_bytes(op: str, layer: LayerShape) -> int:
+    """Bytes one layer keeps for backward: the sum of its terms."""
+    return sum(_terms(op, layer).values())
 
 
 def activation_terms(s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False,
@@ -143,8 +163,8 @@ def activation_terms(s: int, b: int, h: int, a: int, *, t: int = 1, sequence_par
     ``recompute="selective"`` leaves out the three attention-score tensors;
     ``recompute="full"`` gives the single entry ``layer.input``.
     """
-    return _terms("activation_terms", s, b, h, a, t, sequence_parallel, recompute, num_query_groups,
-                  bytes_per_value, bytes_per_mask)
+    layer = LayerShape(s, b, h, a, t, sequence_parallel, recompute, num_query_groups, bytes_per_value, bytes_per_mask)
+    return _terms("activation_terms", layer)
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, *, t: int = 1,
@@ -158,8 +178,8 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, *, t: int = 1,
     Raises ValueError unless h % a, a % g, a % t, g % t (and s % t with sequence
     parallelism) are all 0, g = num_query_groups (None means a).
     """
-    return sum(_terms("activation_bytes_per_layer", s, b, h, a, t, sequence_parallel, recompute,
-                      num_query_groups, bytes_per_value, bytes_per_mask).values())
+    layer = LayerShape(s, b, h, a, t, sequence_parallel, recompute, num_query_groups, bytes_per_value, bytes_per_mask)
+    return _layer_bytes("activation_bytes_per_layer", layer)
 
 
 def selective_savings(s: int, a: int, h: int, *, num_query_groups: int | None = None,
@@ -228,13 +248,11 @@ def activation_bytes(num_layers: int, s: int, b: int, h: int, a: int, *, t: int 
         raise ValueError(f"{op}: num_layers_checkpointed={num_layers_checkpointed} is more than the "
                          f"num_layers={num_layers} in the stack; expected 1 <= n <= num_layers")
 
-    def layer(recompute):
-        return sum(_terms(op, s, b, h, a, t, sequence_parallel, recompute, num_query_groups,
-                          bytes_per_value, bytes_per_mask).values())
-
+    layer = LayerShape(s, b, h, a, t, sequence_parallel, None, num_query_groups, bytes_per_value, bytes_per_mask)
     if granularity != "full":
-        return num_layers * layer(granularity)
-    full, kept_input = layer(None), layer("full")
+        return num_layers * _layer_bytes(op, replace(layer, recompute=granularity))
+    full = _layer_bytes(op, layer)
+    kept_input = _layer_bytes(op, replace(layer, recompute="full"))
     if method == "uniform":
         return _uniform_peak(num_layers, num_layers_checkpointed, full, kept_input)
     return _block_peak(num_layers, num_layers_checkpointed, full, kept_input)

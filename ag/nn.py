@@ -29,12 +29,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import ops, remat
+from . import memory_model, ops, remat
 from .attention import flash_attention
 from .tensor import Tensor, release_unneeded
-
-GRANULARITIES = (None, "selective", "full")
-METHODS = ("uniform", "block")
 
 
 class Module:
@@ -137,38 +134,50 @@ class MultiHeadAttention(Module):
 
     One linear makes Q (h columns, ordered group by group) and K, V (h·g/a columns each);
     Q, K and V are views of its output, so keeping them costs that one buffer.
+
+    ``qkv``, ``proj`` and ``attention_dropout`` are made from ``seed`` unless given: a
+    tensor-parallel rank (``ag.parallel``) passes in its shards of them.
+    ``recompute_core`` reruns the attention core in backward (selective recomputation).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, *, num_query_groups: int | None = None,
                  dropout: float = 0.1, attention: str = "naive", causal: bool = True,
-                 dtype=np.float32, seed: int = 0, heads: slice | None = None) -> None:
+                 dtype=np.float32, seed: int = 0, heads: slice | None = None, qkv: Module | None = None,
+                 proj: Module | None = None, attention_dropout: Dropout | None = None,
+                 recompute_core: bool = False) -> None:
         self.groups = _check_heads("MultiHeadAttention", hidden_size, num_heads, num_query_groups)
         if attention not in ("naive", "flash"):
             raise ValueError(f"MultiHeadAttention: attention must be 'naive' or 'flash', got {attention!r}")
         self.h, self.a, self.d = hidden_size, num_heads, hidden_size // num_heads
         self.attention, self.causal = attention, causal
-        self.qkv = Linear(hidden_size, hidden_size + 2 * self.groups * self.d, dtype=dtype, seed=(seed, 1),
-                          name="attention.qkv")
-        self.proj = Linear(hidden_size, hidden_size, dtype=dtype, seed=(seed, 2), name="attention.proj")
-        self.attention_dropout = Dropout(dropout, seed=seed * 4 + 1)
-        self.recompute_core = False
+        if qkv is None:
+            qkv = Linear(hidden_size, hidden_size + 2 * self.groups * self.d, dtype=dtype, seed=(seed, 1),
+                         name="attention.qkv")
+        if proj is None:
+            proj = Linear(hidden_size, hidden_size, dtype=dtype, seed=(seed, 2), name="attention.proj")
+        if attention_dropout is None:
+            attention_dropout = Dropout(dropout, seed=seed * 4 + 1)
+        self.qkv, self.proj, self.attention_dropout = qkv, proj, attention_dropout
+        self.recompute_core = recompute_core
 
     def __call__(self, x: Tensor, key: tuple[int, ...] = (0,)) -> Tensor:
         """(s, b, h) → (s, b, h): the heads' output, before the out-projection's dropout."""
-        g, group, d = self.groups, self.a // self.groups, self.d
         qkv = self.qkv(x)
         s, b, _ = qkv.shape  # with sequence parallelism x is a slice of the sequence, qkv is not
-        # (s, b, g, G, d) → (b, g, G, s, d): the query heads of a group side by side with their k/v head
-        q = ops.transpose(ops.reshape(ops.getitem(qkv, (..., slice(0, self.h))), (s, b, g, group, d)),
-                          (1, 2, 3, 0, 4))
-        k = ops.transpose(ops.reshape(ops.getitem(qkv, (..., slice(self.h, self.h + g * d))), (s, b, g, 1, d)),
-                          (1, 2, 3, 0, 4))
-        v = ops.transpose(ops.reshape(ops.getitem(qkv, (..., slice(self.h + g * d, None))), (s, b, g, 1, d)),
-                          (1, 2, 3, 0, 4))
+        kv = self.groups * self.d  # columns of K, and of V
+        q = self._split_heads(qkv, slice(0, self.h), self.a // self.groups)
+        k = self._split_heads(qkv, slice(self.h, self.h + kv), 1)
+        v = self._split_heads(qkv, slice(self.h + kv, None), 1)
         core = self._core(key)
         o = remat.checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
         # (b, g, G, s, d) → (s, b, h)
         return self.proj(ops.reshape(ops.transpose(o, (3, 0, 1, 2, 4)), (s, b, self.h)))
+
+    def _split_heads(self, qkv: Tensor, columns: slice, heads_per_group: int) -> Tensor:
+        """(s, b, columns) → (b, g, G, s, d): a group's G query heads side by side with its k/v head (G = 1)."""
+        s, b, _ = qkv.shape
+        heads = ops.reshape(ops.getitem(qkv, (..., columns)), (s, b, self.groups, heads_per_group, self.d))
+        return ops.transpose(heads, (1, 2, 3, 0, 4))
 
     def _core(self, key: tuple[int, ...]) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         """softmax(QKᵀ/√d + mask) with dropout, times V: the part selective recomputation reruns."""
@@ -233,17 +242,17 @@ class TransformerLayer(LayerRun):
     def __init__(self, hidden_size: int, num_heads: int, *, num_query_groups: int | None = None,
                  dropout: float = 0.1, attention: str = "naive", activations_checkpoint_granularity=None,
                  causal: bool = True, dtype=np.float32, seed: int | None = None) -> None:
-        if activations_checkpoint_granularity not in GRANULARITIES:
+        if activations_checkpoint_granularity not in memory_model.RECOMPUTE:
             raise ValueError(f"TransformerLayer: activations_checkpoint_granularity must be None, "
                              f"'selective' or 'full', got {activations_checkpoint_granularity!r}")
         seed = 0 if seed is None else seed
         self.hidden_size, self.num_heads = hidden_size, num_heads
         self.granularity, self.seed, self.calls = activations_checkpoint_granularity, seed, 0
         self.ln1 = LayerNorm(hidden_size, dtype=dtype, name="layernorm1")
+        selective = activations_checkpoint_granularity == "selective"
         self.attention = MultiHeadAttention(hidden_size, num_heads, num_query_groups=num_query_groups,
-                                            dropout=dropout, attention=attention, causal=causal,
-                                            dtype=dtype, seed=seed)
-        self.attention.recompute_core = activations_checkpoint_granularity == "selective"
+                                            dropout=dropout, attention=attention, causal=causal, dtype=dtype,
+                                            seed=seed, recompute_core=selective)
         self.attention_dropout = Dropout(dropout, seed=seed * 4 + 2)
         self.ln2 = LayerNorm(hidden_size, dtype=dtype, name="layernorm2")
         self.mlp = MLP(hidden_size, dtype=dtype, seed=seed)
@@ -270,7 +279,7 @@ class Transformer(Module):
     def __init__(self, num_layers: int, hidden_size: int, num_heads: int, *,
                  activations_checkpoint_granularity=None, activations_checkpoint_method: str = "uniform",
                  activations_checkpoint_num_layers: int = 1, seed: int | None = None, **layer_options) -> None:
-        if activations_checkpoint_method not in METHODS:
+        if activations_checkpoint_method not in memory_model.METHODS:
             raise ValueError(f"Transformer: activations_checkpoint_method must be 'uniform' or 'block', "
                              f"got {activations_checkpoint_method!r}")
         n = activations_checkpoint_num_layers

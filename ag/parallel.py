@@ -31,9 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import memory_model, nn, ops
-from .demo import measure_activation_bytes, table
-from .tensor import Tensor, accumulate_grad, make_output
+from . import memory_model, nn, ops, trace
+from .tables import table
+from .tensor import Saved, Tensor, accumulate_grad, make_output
 
 
 def _mpi():
@@ -88,40 +88,45 @@ class Group:
 
 def copy_to_tensor_region(x: Tensor, group: Group) -> Tensor:
     """f: y = x;  dx = Σ_ranks dy (each rank's heads contributed part of x's gradient)."""
-    def _backward(out: Tensor) -> None:
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(x, group.all_reduce(out.grad))
     return make_output(x.value, "copy_to_tensor_region", (x,), _backward)
 
 
 def reduce_from_tensor_region(x: Tensor, group: Group) -> Tensor:
     """g: y = Σ_ranks x (the row-parallel partial sums);  dx = dy."""
-    def _backward(out: Tensor) -> None:
+    value = group.all_reduce(x.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(x, out.grad)
-    return make_output(group.all_reduce(x.value), "reduce_from_tensor_region", (x,), _backward)
+    return make_output(value, "reduce_from_tensor_region", (x,), _backward)
 
 
 def reduce_scatter_to_sequence_region(x: Tensor, group: Group) -> Tensor:
     """ḡ: y = this rank's 1/t of Σ_ranks x, split along s;  dx = all-gather(dy)."""
-    def _backward(out: Tensor) -> None:
+    value = group.reduce_scatter(x.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(x, group.all_gather(out.grad))
-    return make_output(group.reduce_scatter(x.value), "reduce_scatter_to_sequence_region", (x,), _backward)
+    return make_output(value, "reduce_scatter_to_sequence_region", (x,), _backward)
 
 
 def gathered_linear(x: Tensor, w: Tensor, b: Tensor | None, group: Group) -> Tensor:
     """y = all-gather_s(x) W + b, keeping only the sequence shard x: backward gathers it again.
     dW = X_fullᵀ dy,  db = Σ dy,  dx = reduce-scatter_s(dy Wᵀ)."""
-    def _backward(out: Tensor) -> None:
+    y = np.matmul(group.all_gather(x.value), w.value)
+    if b is not None:
+        y += b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
         g = out.grad
         if w.requires_grad:
-            full = group.all_gather(x.value)
+            full = group.all_gather(saved[x])
             accumulate_grad(w, np.matmul(full.reshape(-1, full.shape[-1]).T, g.reshape(-1, g.shape[-1])))
         if b is not None and b.requires_grad:
             accumulate_grad(b, g.reshape(-1, g.shape[-1]).sum(axis=0))
         if x.requires_grad:
-            accumulate_grad(x, group.reduce_scatter(np.matmul(g, w.value.T)))
-    y = np.matmul(group.all_gather(x.value), w.value)
-    if b is not None:
-        y += b.value
+            accumulate_grad(x, group.reduce_scatter(np.matmul(g, saved[w].T)))
     inputs = (x, w) if b is None else (x, w, b)
     return make_output(y, "gathered_linear", inputs, _backward, saves=(x, w))
 
@@ -141,6 +146,16 @@ class ColumnParallelLinear(nn.Module):
         if self.sequence_parallel:
             return gathered_linear(x, self.weight, self.bias, self.group)
         return ops.linear(copy_to_tensor_region(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's input rows of a linear, without its bias: each rank's output is a partial sum."""
+
+    def __init__(self, weight: np.ndarray, name: str) -> None:
+        self.weight = Tensor(weight, requires_grad=True, name=f"{name}.weight")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return ops.linear(x, self.weight)
 
 
 class ParallelTransformerLayer(nn.LayerRun):
@@ -174,20 +189,17 @@ class ParallelTransformerLayer(nn.LayerRun):
         qkv_cols = np.concatenate([q_cols, h + kv_cols, h + g * d + kv_cols])
         mlp_cols = np.arange(r * 4 * h // t, (r + 1) * 4 * h // t)
         self.q_cols, self.qkv_cols, self.mlp_cols = q_cols, qkv_cols, mlp_cols
-        self.attention = nn.MultiHeadAttention(h // t, num_heads // t, num_query_groups=g // t, dropout=dropout,
-                                               attention=attention, causal=causal, dtype=dtype)
-        self.attention.qkv = ColumnParallelLinear(full.attention.qkv.weight.value[:, qkv_cols],
-                                                  full.attention.qkv.bias.value[qkv_cols], group,
-                                                  sequence_parallel, "attention.qkv")
-        self.attention.proj.weight = Tensor(full.attention.proj.weight.value[q_cols], requires_grad=True,
-                                            name="attention.proj.weight")
-        self.attention.proj.bias = None  # added once, after the ranks' partial sums are reduced
-        self.attention.recompute_core = activations_checkpoint_granularity == "selective"
         groups = slice(r * g // t, (r + 1) * g // t)
-        self.attention.attention_dropout = nn.Dropout(
-            dropout, seed=full.attention.attention_dropout.seed,
-            shard=lambda shape: ((shape[0], g) + shape[2:], (slice(None), groups)))
-        self.proj_bias = full.attention.proj.bias
+        self.attention = nn.MultiHeadAttention(
+            h // t, num_heads // t, num_query_groups=g // t, attention=attention, causal=causal, dtype=dtype,
+            qkv=ColumnParallelLinear(full.attention.qkv.weight.value[:, qkv_cols],
+                                     full.attention.qkv.bias.value[qkv_cols], group, sequence_parallel,
+                                     "attention.qkv"),
+            proj=RowParallelLinear(full.attention.proj.weight.value[q_cols], "attention.proj"),
+            attention_dropout=nn.Dropout(dropout, seed=full.attention.attention_dropout.seed,
+                                         shard=lambda shape: ((shape[0], g) + shape[2:], (slice(None), groups))),
+            recompute_core=activations_checkpoint_granularity == "selective")
+        self.proj_bias = full.attention.proj.bias  # added once, after the ranks' partial sums are reduced
 
         self.fc1 = ColumnParallelLinear(full.mlp.fc1.weight.value[:, mlp_cols], full.mlp.fc1.bias.value[mlp_cols],
                                         group, sequence_parallel, "mlp.fc1")
@@ -243,7 +255,7 @@ def measure(group: Group, s: int, b: int, h: int, a: int, *, sequence_parallel: 
                                      num_query_groups=num_query_groups, attention=attention,
                                      activations_checkpoint_granularity=granularity, dtype=np.float16, seed=2)
     _, x = _layer_input(group, s, b, h, np.float16, sequence_parallel)
-    measured = measure_activation_bytes(layer, x)
+    measured = trace.measure_activation_bytes(layer, x)
     recompute = "selective" if attention == "flash" and granularity is None else granularity
     formula = memory_model.activation_bytes_per_layer(s, b, h, a, t=group.size, sequence_parallel=sequence_parallel,
                                                       recompute=recompute, num_query_groups=num_query_groups)
@@ -338,16 +350,16 @@ def _print_rows(t: int, rows: list[dict], check: bool) -> None:
     if check:
         print(f"gradients of {t} ranks against one process (float64), largest relative difference")
         table(["s", "b", "h", "a", "g", "seq. parallel", "recompute", "max rel. diff"],
-                    [[r["s"], r["b"], r["h"], r["a"], r["g"] or r["a"], r["sequence_parallel"],
-                      r["granularity"] or "none", f"{r['max_relative_error']:.1e}"] for r in rows])
+              [[r["s"], r["b"], r["h"], r["a"], r["g"] or r["a"], r["sequence_parallel"],
+                r["granularity"] or "none", f"{r['max_relative_error']:.1e}"] for r in rows])
         return
     print(f"activation bytes per layer on each of {t} ranks (float16, measured with tracemalloc) "
           f"against ag.memory_model")
     table(["s", "b", "h", "a", "g", "seq. parallel", "recompute", "formula B", "measured B (per rank)",
-                 "measured/formula"],
-                [[r["s"], r["b"], r["h"], r["a"], r["g"] or r["a"], r["sequence_parallel"],
-                  r["granularity"] or "none", r["formula"], " ".join(str(m) for m in r["measured"]),
-                  f"{max(r['measured']) / r['formula']:.4f}"] for r in rows])
+           "measured/formula"],
+          [[r["s"], r["b"], r["h"], r["a"], r["g"] or r["a"], r["sequence_parallel"],
+            r["granularity"] or "none", r["formula"], " ".join(str(m) for m in r["measured"]),
+            f"{max(r['measured']) / r['formula']:.4f}"] for r in rows])
 
 
 if __name__ == "__main__":

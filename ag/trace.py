@@ -28,11 +28,14 @@ import tracemalloc
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from .export import export_perfetto, export_torch_snapshot  # noqa: F401  (ag.trace.export_*)
+
+if TYPE_CHECKING:  # the engine imports trace, so trace names Tensor only for the type checker
+    from .tensor import Tensor
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain
 MB = 10**6
@@ -133,8 +136,9 @@ class _DevicePeak:
             self.hook.__exit__(None, None, None)
 
 
-def _device_module(device):
-    """"gpu" means CuPy; a module with ``get_default_memory_pool`` (CuPy, or a test double) is used as given."""
+def device_module(device):
+    """The array module that ``device`` names: "gpu" means CuPy; a module with
+    ``get_default_memory_pool`` (CuPy, or a test double) is used as given."""
     if hasattr(device, "get_default_memory_pool"):
         return device
     if device != "gpu":
@@ -161,7 +165,7 @@ def start_trace(device="cpu") -> None:
     if _session is not None:
         raise TraceError("start_trace: tracing is already running; call end_trace() first")
     if device != "cpu":
-        xp = _device_module(device)
+        xp = device_module(device)
         pool = xp.get_default_memory_pool()
         _session = _Session(False, pool.used_bytes(), pool=pool, peak=_DevicePeak(xp, pool))
         return
@@ -205,6 +209,22 @@ def snapshot_trace(op: str | None = None, phase: str | None = None, tensor: str 
 def print_trace_stats(stats: Snapshot) -> None:
     """Print ``memory allocated: N MB`` with N = allocated bytes // 10**6, as the slides do."""
     print(f"memory allocated: {stats.allocated_bytes // MB} MB")
+
+
+def measure_activation_bytes(model, x: Tensor) -> int:
+    """Bytes a forward of ``model`` on ``x`` leaves alive for backward, the paper's way.
+
+    tracemalloc counts NumPy's buffers made during the forward (parameters exist before);
+    the output is not counted (it is the next layer's input) and the input is (the first
+    layer norm keeps it): kept = after − before − output.nbytes + input.nbytes.
+    """
+    start_trace()
+    try:
+        out = model(x)
+        alive = snapshot_trace().allocated_bytes
+    finally:
+        end_trace()
+    return alive - out.value.nbytes + x.value.nbytes
 
 
 @contextlib.contextmanager

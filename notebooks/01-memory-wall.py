@@ -34,13 +34,14 @@ import numpy as np
 
 import ag
 import ag.plot
+import ag.tables
 from ag import demo
 
 N = 1000  # the lecture's (1000, 1000) arrays
 MB = ag.trace.MB
 
 
-table, show = demo.table, ag.plot.show  # the helpers every notebook uses
+table, show = ag.tables.table, ag.plot.show  # the helpers every notebook uses
 
 
 # %% [markdown]

@@ -33,12 +33,13 @@ import numpy as np
 
 import ag
 import ag.plot
+import ag.tables
 from ag import demo
 
 MB = ag.trace.MB
 
 
-table, show = demo.table, ag.plot.show  # the helpers every notebook uses
+table, show = ag.tables.table, ag.plot.show  # the helpers every notebook uses
 
 
 # %% [markdown]

@@ -32,6 +32,7 @@ import numpy as np
 
 import ag
 import ag.plot
+import ag.tables
 from ag import demo
 from ag.attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, merge_softmax_blocks,
                           naive_attention, online_softmax, softmax_block)
@@ -39,7 +40,7 @@ from ag.attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, mer
 MB = ag.trace.MB
 
 
-table, show = demo.table, ag.plot.show  # the helpers every notebook uses
+table, show = ag.tables.table, ag.plot.show  # the helpers every notebook uses
 
 
 def softmax_then_v(s, v):

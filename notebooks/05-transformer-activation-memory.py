@@ -33,17 +33,18 @@ import numpy as np
 
 import ag
 import ag.plot
+import ag.tables
 from ag import demo, memory_model
 from ag.memory_model import format_bytes
 
-table, show = demo.table, ag.plot.show  # the helpers every notebook uses
+table, show = ag.tables.table, ag.plot.show  # the helpers every notebook uses
 
 # %% [markdown]
 # ## Measured against predicted
 #
 # `ag.demo.transformer_memory` builds float16 layers of three shapes (s ≫ h, s ≈ h, s ≪ h) and
 # measures, with tracemalloc in NumPy's domain, the bytes each forward leaves alive minus its
-# output plus its input: `ag.demo.measure_activation_bytes`. The settings: no recomputation,
+# output plus its input: `ag.trace.measure_activation_bytes`. The settings: no recomputation,
 # selective, full, flash attention, a GQA layer (8 query heads, 2 key/value heads), and stacks
 # of 4 layers under NeMo's full-recomputation methods (bytes after the forward, over L).
 

@@ -27,11 +27,12 @@ import numpy as np
 
 import ag
 import ag.plot
-from ag import demo, memory_model, nn, remat
+import ag.tables
+from ag import memory_model, nn, remat
 from ag.remat import examples
 
 MB = ag.trace.MB
-table, show = demo.table, ag.plot.show
+table, show = ag.tables.table, ag.plot.show
 
 # %% [markdown]
 # ## A step as a graph

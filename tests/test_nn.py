@@ -3,7 +3,7 @@
 Memory is measured with tracemalloc, counting only NumPy's data buffers (NumPy reports them
 in their own domain), so Python's object headers do not blur the figures: bytes alive after
 the forward, minus its output (the next layer's input), plus its input (which the first layer
-norm saves), as ``ag.demo.measure_activation_bytes`` counts them.
+norm saves), as ``ag.trace.measure_activation_bytes`` counts them.
 """
 import tracemalloc
 
@@ -12,7 +12,7 @@ import pytest
 
 import ag
 from ag import memory_model, nn
-from ag.demo import measure_activation_bytes
+from ag.trace import measure_activation_bytes
 from gradcheck import grad_check, torch_check
 
 SHAPES = [  # (s, b, h, a, num_query_groups)
