@@ -5,10 +5,10 @@ from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, lay
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
                   scaled_masked_softmax, sigmoid, softmax, sqrt, sub, sum, tanh, transpose, where)
 from .arrays import unbroadcast
+from .discard import discard_value_if_has_rematerializer, release_unneeded
+from .errors import GraphError
 from .modes import config, eager_grads, no_grad
-from .tensor import (GraphError, Saved, Tensor, accumulate_grad, backward,
-                     discard_value_if_has_rematerializer, make_output, release_unneeded,
-                     topological_sort)
+from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topological_sort
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from . import memory_model, ops, remat
 from .attention import flash_attention
-from .tensor import Tensor, release_unneeded
+from .discard import release_unneeded
+from .tensor import Tensor
 
 
 class Module:

@@ -19,13 +19,10 @@ import numpy as np
 
 from . import trace
 from .arrays import array_module
+from .errors import ShapeError
 from .handover import grad_to_overwrite
 from .modes import config
 from .tensor import Saved, Tensor, accumulate_grad, make_output, rematerialize
-
-
-class ShapeError(ValueError):
-    """An op got shapes, axes or arguments it cannot work with."""
 
 
 def as_tensor(x, like: Tensor | None = None) -> Tensor:

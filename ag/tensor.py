@@ -15,7 +15,8 @@ closures in reverse, exactly as the lecture does, with these memory rules:
 
 A tensor with a ``rematerializer`` is not a checkpoint: its value is discarded as
 soon as the op that consumed it has run, and recomputed when a backward step
-needs it. When a step's grad may be handed on without a copy is ``ag.handover``'s rule.
+needs it (``ag.discard``). When a step's grad may be handed on without a copy is
+``ag.handover``'s rule.
 """
 from __future__ import annotations
 
@@ -26,13 +27,11 @@ import numpy as np
 
 from . import handover, hooks, trace
 from .arrays import array_module, as_array, numeric_array, unbroadcast
-from .modes import config, no_grad, phase
+from .discard import discard_value_if_has_rematerializer, rematerialize
+from .errors import GraphError
+from .modes import config, phase
 
 Rematerializer = Callable[[], np.ndarray]
-
-
-class GraphError(RuntimeError):
-    """Backward cannot run: the graph was freed or a value it needs is gone."""
 
 
 class Tensor:
@@ -43,7 +42,7 @@ class Tensor:
     # What a tensor is until an op or a call says otherwise (a leaf, outside any graph).
     op: str | None = None                        # the op that made it; None for a leaf
     inputs: tuple[Tensor, ...] = ()              # the inputs that require grad
-    _backward: Callable[[Tensor], None] | None = None
+    _backward: Callable[[Tensor, Saved], None] | None = None
     _saved: tuple[Tensor, ...] = ()              # the inputs whose values _backward reads
     _saves_output = False                        # and whether it reads the output's own value
     _retains_grad = False
@@ -186,36 +185,6 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     return output
 
 
-def discard_value_if_has_rematerializer(tensor: Tensor) -> None:
-    """A tensor that can be recomputed is not a checkpoint: drop its value now."""
-    ### BEGIN SOLUTION
-    if tensor.rematerializer is not None:
-        tensor.value = None
-    ### END SOLUTION
-
-
-def release_unneeded(outputs: Sequence[Tensor], inputs: Sequence[Tensor] = ()) -> int:
-    """Discard the values of the tensors between ``inputs`` and ``outputs`` that no backward
-    step reads (a layer's pre-activation before a ReLU, a residual sum, ...); return the bytes freed.
-
-    Call it when a block of forward code returns: its intermediates are out of reach then,
-    and only what backward needs should stay alive.
-    """
-    stop = {id(t) for t in (*inputs, *outputs)}
-    stack, released = list(outputs), 0
-    while stack:
-        node = stack.pop()
-        for t in node.inputs:
-            if id(t) in stop or t.is_leaf:
-                continue
-            stop.add(id(t))
-            if t._needed_by == 0 and t.value is not None:
-                released += t.value.nbytes
-                t.value = None
-            stack.append(t)
-    return released
-
-
 def topological_sort(root: Tensor) -> list[Tensor]:
     """Every tensor that ``root`` depends on through grad-requiring inputs, inputs first.
 
@@ -309,20 +278,6 @@ def _run_step(node: Tensor) -> None:
         if t._needed_by <= 0:  # no step left reads it: a value that can be recomputed goes
             discard_value_if_has_rematerializer(t)
         ### END SOLUTION
-
-
-def rematerialize(tensor: Tensor, needed_by: str) -> np.ndarray:
-    """Recompute a discarded value with the tensor's rematerializer, building no graph."""
-    if tensor.rematerializer is None:
-        raise GraphError(f"{needed_by} needs the value of {tensor.describe()}, "
-                         "which was discarded and has no rematerializer")
-    with no_grad(), phase("recompute"):
-        value = tensor.rematerializer()
-    value = value.value if isinstance(value, Tensor) else as_array(value)
-    if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):
-        raise GraphError(f"rematerializer of {tensor.describe()} returned shape {value.shape} "
-                         f"dtype {value.dtype}, expected shape {tensor._shape} dtype {tensor._dtype}")
-    return value
 
 
 def _free_graph(node: Tensor) -> None:

@@ -1,8 +1,9 @@
 """Solution 1: Discarding the grad.
 
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
-into it (accumulate_grad, which the backward of matmul and sum call): take the incoming
-array itself where handover.can_own(grad) allows it, else a copy, and tell tracing with
+into it (accumulate_grad, which every op's _backward(out, saved) calls with a grad computed
+from out.grad and the values its forward saved): take the incoming array itself where
+handover.can_own(grad) allows it, else a copy, and tell tracing with
 trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own backward step
 (backward_step, which backward runs for each node in turn).
 
@@ -20,8 +21,9 @@ import numpy as np
 
 from ag import handover, trace
 from ag.arrays import as_array, unbroadcast
+from ag.errors import GraphError
 from ag.modes import config
-from ag.tensor import GraphError, Tensor, _free_graph, _run_step
+from ag.tensor import Tensor, _free_graph, _run_step
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:

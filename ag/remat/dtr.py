@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from ..hooks import record_tensors
-from ..tensor import Tensor, release_unneeded
+from ..discard import release_unneeded
+from ..tensor import Tensor
 from .graph import Graph
 from .runner import Chain, Layer
 

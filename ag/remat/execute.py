@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import trace
 from ..modes import no_grad, phase
-from ..tensor import GraphError, Tensor, backward_step
+from ..errors import GraphError
+from ..tensor import Tensor, backward_step
 from .graph import Graph
 from .model import Memory, events
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..modes import no_grad, phase
-from ..tensor import GraphError, Saved, Tensor, accumulate_grad, backward, make_output, release_unneeded
+from ..discard import release_unneeded
+from ..errors import GraphError
+from ..tensor import Saved, Tensor, accumulate_grad, backward, make_output
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:

@@ -15,7 +15,9 @@ import numpy as np
 
 from ..hooks import record_tensors
 from ..modes import no_grad
-from ..tensor import GraphError, Tensor, release_unneeded
+from ..discard import release_unneeded
+from ..errors import GraphError
+from ..tensor import Tensor
 
 
 Layer = Callable[[Tensor], Tensor]
