@@ -36,8 +36,9 @@ def _run_step(node: Tensor) -> None:
         node._backward(node, Saved(node.op, needed))
     for t in needed:
         t._needed_by -= 1
-        if t._needed_by <= 0:  # no step left reads it: a value that can be recomputed goes
-            discard_value_if_has_rematerializer(t)
+        if t.rematerializer is not None:  # only a value that can come back may go
+            if t._needed_by <= 0:  # no step left reads it
+                discard_value_if_has_rematerializer(t)
 
 
 def discard_value_if_has_rematerializer(tensor) -> None:
