@@ -560,7 +560,7 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
     if causal:
         n_q, n_k = s.shape[-2:]
         xp = array_module(y)
-        y[..., xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None]] = -np.inf
+        np.copyto(y, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])  # one pass
     y -= _finite_max(y, (y.ndim - 1,)).astype(y.dtype, copy=False)
     np.exp(y, out=y)
     total = np.sum(y, axis=-1, keepdims=True)
