@@ -387,7 +387,7 @@ LIMITS = {
     "time": "NumPy's elementwise passes (softmax, GeLU, layer norm, dropout) run on one core, torch's on both",
     "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory selective": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
-    "memory full": "the rerun layer's forward temporaries alive beside its backward's",
+    "memory full": "the rerun layer's recomputed activations alive beside its backward's grads and temporaries",
 }
 
 

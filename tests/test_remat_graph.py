@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -420,7 +422,7 @@ def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
 
 # ---- the lecture's answer ----
 
-def test_checkmate_at_selectives_budget_recomputes_no_more_than_selective_and_finds_the_attention_core():
+def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_softmax_output():
     s, b, h, a = 128, 2, 64, 4
     model = nn.TransformerLayer(h, a, dtype=np.float16, dropout=0.1)
     x = ag.Tensor(np.random.default_rng(0).standard_normal((s, b, h)).astype(np.float16), requires_grad=True)
@@ -433,9 +435,43 @@ def test_checkmate_at_selectives_budget_recomputes_no_more_than_selective_and_fi
     assert kept_after_forward(none) == memory_model.activation_bytes_per_layer(s, b, h, a) + weights
     found = remat.checkmate(graph, selective.predicted_peak_bytes)
     assert found.status == "optimal"
-    assert found.recompute_flops <= selective.recompute_flops
-    costly = [graph.nodes[i] for i in found.recomputed() if graph.nodes[i].flops]
-    assert costly and all(any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in costly)
+    assert selective.recompute_flops == 2 * s * s * h * b  # QKᵀ
+    assert found.recompute_flops == 0 and found.predicted_peak_bytes <= selective.predicted_peak_bytes
+    softmax = next(node.index for node in graph.nodes if node.op == "scaled_masked_softmax")
+    recomputed = {graph.nodes[i].op for i in found.recomputed()}
+    assert softmax in selective.recomputed() and softmax not in found.recomputed()
+    assert {"dropout", "layer_norm", "gelu"} <= recomputed
+
+
+def test_both_schedules_peak_in_the_attention_cores_backward_and_a_tighter_budget_brings_qkt_back():
+    s, b, h, a = 128, 2, 64, 4
+    model = nn.TransformerLayer(h, a, dtype=np.float16, dropout=0.1)
+    x = ag.Tensor(np.random.default_rng(0).standard_normal((s, b, h)).astype(np.float16), requires_grad=True)
+    graph = remat.capture(lambda x: ag.sum(model(x)), x)
+    selective = remat.nemo(graph, "selective")
+    found = remat.checkmate(graph, selective.predicted_peak_bytes)
+    for schedule in (selective, found):
+        node = graph.nodes[graph.steps[peak_step(schedule)].node]
+        assert node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope)
+    tight = remat.checkmate(graph, selective.predicted_peak_bytes * 96 // 100)
+    assert tight.status == "optimal" and tight.recompute_flops > selective.recompute_flops
+    products = [graph.nodes[i] for i in tight.recomputed() if graph.nodes[i].flops]
+    assert any(node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in products)
+
+
+def peak_step(schedule) -> int:
+    """The backward step during which the schedule's predicted peak is reached."""
+    from ag.remat.model import Memory, events, stage_step
+    memory, stage, peak, at = Memory(schedule.graph), -1, 0, None
+    for kind, t, x in events(schedule.graph, schedule.R, schedule.S):
+        if t != stage:
+            stage = t
+            memory.stage(t)
+        getattr(memory, kind)(x)
+        if memory.peak > peak:
+            peak, at = memory.peak, stage_step(schedule.graph, t)
+    assert peak == schedule.predicted_peak_bytes and at is not None
+    return at
 
 
 def kept_after_forward(schedule) -> int:
@@ -460,3 +496,17 @@ def test_bad_strategy_and_granularity_are_refused(graphs):
         remat.nemo(graph, "half")
     with pytest.raises(ValueError, match="heuristic must be one of"):
         remat.dynamic(graph, 10**9, heuristic="random")
+
+
+def test_lecture_6_4_prints_what_its_comments_say(capsys):
+    note = Path(__file__).resolve().parent.parent / "lectures" / "06-remat-on-graphs.md"
+    section = note.read_text().split("## 6.4")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    namespace = {}
+    exec("import numpy as np\nimport ag\nfrom ag import remat", namespace)
+    for block in blocks:
+        capsys.readouterr()
+        exec(compile(block, "lecture 6.4", "exec"), namespace)
+        said = [line[2:] for line in block.splitlines() if line.startswith("# ")]
+        assert capsys.readouterr().out.splitlines() == said
