@@ -29,7 +29,8 @@ def release_unneeded(outputs: Sequence, inputs: Sequence = ()) -> int:
     step reads (a layer's pre-activation before a ReLU, a residual sum, ...); return the bytes freed.
 
     Call it when a block of forward code returns: its intermediates are out of reach then,
-    and only what backward needs should stay alive.
+    and only what backward needs should stay alive. Those it keeps are marked internal, and
+    backward frees each one after the last step that reads it, as it frees the graph.
     """
     stop = {id(t) for t in (*inputs, *outputs)}
     stack, released = list(outputs), 0
@@ -42,6 +43,7 @@ def release_unneeded(outputs: Sequence, inputs: Sequence = ()) -> int:
             if t._needed_by == 0 and t.value is not None:
                 released += t.value.nbytes
                 t.value = None
+            t._internal = True  # so backward frees it after the last step that reads it
             stack.append(t)
     return released
 

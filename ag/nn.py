@@ -172,7 +172,9 @@ class MultiHeadAttention(Module):
         core = self._core(key)
         o = remat.checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
         # (b, g, G, s, d) → (s, b, h)
-        return self.proj(ops.reshape(ops.transpose(o, (3, 0, 1, 2, 4)), (s, b, self.h)))
+        out = self.proj(ops.reshape(ops.transpose(o, (3, 0, 1, 2, 4)), (s, b, self.h)))
+        release_unneeded([out], [x])  # the scores QKᵀ go now, before the MLP runs beside them
+        return out
 
     def _split_heads(self, qkv: Tensor, columns: slice, heads_per_group: int) -> Tensor:
         """(s, b, columns) → (b, g, G, s, d): a group's G query heads side by side with its k/v head (G = 1)."""

@@ -459,21 +459,22 @@ def gelu(a) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> None:
         x = saved[a]
         t = _gelu_tanh(x)
-        # dy/dx = ½(1 + t) + v·(1 + 3·0.044715x²) with v = ½c·x(1 - t²): one temporary besides t
-        v = np.multiply(t, t, out=np.empty_like(t))
-        np.subtract(1, v, out=v)
-        v *= x
-        v *= _GELU_C * 0.5
+        # da = g + v·(1 + 3·0.044715x²), g = dy·½(1 + t), v = g·cx(1 - t), in t and dy's own buffer
+        g = grad_to_overwrite(out)
         t += 1
-        t *= 0.5
-        t += v
-        v *= x
-        v *= x
-        v *= 3 * 0.044715
-        t += v
-        del v
-        t *= out.grad
-        accumulate_grad(a, t)
+        g *= t
+        g *= 0.5
+        np.subtract(2, t, out=t)
+        t *= x
+        t *= _GELU_C
+        t *= g
+        g += t
+        t *= x
+        t *= x
+        t *= 3 * 0.044715
+        g += t
+        del t
+        accumulate_grad(a, g)
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
 
 

@@ -11,7 +11,8 @@ closures in reverse, exactly as the lecture does, with these memory rules:
 3. a non-leaf tensor's grad is freed right after its own backward step;
 4. nothing is computed along paths that lead to no ``requires_grad=True`` tensor;
 5. leaves keep (and accumulate) their grad;
-6. the graph is freed as backward walks it, so a second ``backward()`` raises.
+6. the graph is freed as backward walks it, so a second ``backward()`` raises; a value
+   made inside a block that ``release_unneeded`` closed goes after the last step that reads it.
 
 A tensor with a ``rematerializer`` is not a checkpoint: its value is discarded as
 soon as the op that consumed it has run, and recomputed when a backward step
@@ -48,6 +49,7 @@ class Tensor:
     _retains_grad = False
     _graph_freed = False
     _needed_by = 0                               # how many backward steps still read this value
+    _internal = False                            # made inside a block release_unneeded closed
 
     def __init__(self, value, requires_grad: bool = False,
                  rematerializer: Rematerializer | None = None, name: str | None = None):
@@ -282,6 +284,9 @@ def _run_step(node: Tensor) -> None:
 
 
 def _free_graph(node: Tensor) -> None:
+    for t in node._saved + ((node,) if node._saves_output else ()):
+        if t._internal and t._needed_by <= 0:  # out of the user's reach, and no step left reads it
+            t.value = None
     node._backward = None
     node.inputs = ()
     node._saved = ()

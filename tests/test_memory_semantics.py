@@ -181,3 +181,59 @@ def test_release_unneeded_keeps_exactly_what_backward_reads(rng):
         expected_mask = (x.value @ w.value + b.value) > 0
     np.testing.assert_allclose(w.grad, x.value.T @ expected_mask.astype(float))
     assert remaining == 0
+
+
+def _gelu_block(rng, release):
+    x = ag.Tensor(rng.standard_normal((B, D)))
+    w1 = ag.Tensor(rng.standard_normal((D, D)) / 16, requires_grad=True)
+    w2 = ag.Tensor(rng.standard_normal((D, D)) / 16, requires_grad=True)
+    a = ag.matmul(x, w1)   # read by gelu's backward
+    g = ag.gelu(a)         # read by the second matmul's backward
+    y = ag.matmul(g, w2)
+    if release:
+        ag.release_unneeded([y], [x])
+    return ag.sum(y), (w1, w2), (a, g)
+
+
+def test_backward_frees_a_value_inside_a_released_block_after_the_last_step_that_reads_it(rng):
+    steps, weights, (a, g) = _traced_block(rng, release=True)
+    assert g.value is None and a.value is None
+    reference_steps, reference, _ = _traced_block(np.random.default_rng(0), release=False)
+    # right after y = g @ w2's step (g's last reader), the run without the release still holds g
+    matmul = [i for i, s in enumerate(steps) if s.op == "matmul"][0]
+    assert reference_steps[matmul].op == "matmul"
+    assert reference_steps[matmul].allocated_bytes - steps[matmul].allocated_bytes == ACT
+    for w, r in zip(weights, reference):
+        np.testing.assert_array_equal(w.grad, r.grad)
+
+
+def _traced_block(rng, release):
+    """Build the block and run its backward under tracemalloc: a snapshot after each step."""
+    trace.start_trace()
+    try:
+        loss, weights, values = _gelu_block(rng, release)
+        return loss.backward(trace=True), weights, values
+    finally:
+        trace.end_trace()
+
+
+def test_retain_graph_keeps_a_released_blocks_values_for_a_second_backward(rng):
+    loss, weights, (a, g) = _gelu_block(rng, release=True)
+    loss.backward(retain_graph=True)
+    assert a.value is not None and g.value is not None
+    first = [w.grad.copy() for w in weights]
+    loss.backward()
+    for w, once in zip(weights, first):
+        np.testing.assert_allclose(w.grad, 2 * once)
+
+
+def test_gelus_backward_holds_one_temporary_beside_the_grad_it_hands_on(rng):
+    x = ag.Tensor(rng.standard_normal((B, D)), requires_grad=True)
+    y, dy = ag.gelu(x), np.ones((B, D))
+    trace.start_trace()
+    y.backward(dy)
+    stats = trace.snapshot_trace()
+    trace.end_trace()
+    # the seed grad becomes x.grad in place; tanh's buffer is the one temporary
+    assert 2 * ACT <= stats.peak_bytes < 2 * ACT + 64 * 1024
+    assert stats.allocated_bytes - ACT < 1024  # only x.grad is left
