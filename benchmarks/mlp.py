@@ -265,7 +265,7 @@ def profile(dtype: str, args, steps: int = 3) -> None:
     x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
     a, t = AgMLP(x, params), TorchMLP(x, params)
     a.step(), t.step()
-    print(f"\nag, {steps} steps, {dtype}, by own time (ops.py:N(_backward) is that op's backward):")
+    print(f"\nag, {steps} steps, {dtype}, by own time (ag/ops/*.py:N(_backward) is that op's backward):")
     profiler = cProfile.Profile()
     profiler.runcall(lambda: [a.step() for _ in range(steps)])
     pstats.Stats(profiler).sort_stats("tottime").print_stats(8)

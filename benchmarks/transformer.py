@@ -336,7 +336,7 @@ def profile(args, steps: int = 2) -> None:
     a = AgStep(args, "none", x, dy)
     t = TorchStep(args, "none", x, dy, a.model)
     a(), t()
-    print(f"\nag, {steps} steps without recomputation, by own time (ops.py:N(_backward) is that op's backward):")
+    print(f"\nag, {steps} steps without recomputation, by own time (ag/ops/*.py:N(_backward) is that op's backward):")
     profiler = cProfile.Profile()
     profiler.runcall(lambda: [a() for _ in range(steps)])
     pstats.Stats(profiler).sort_stats("tottime").print_stats(10)

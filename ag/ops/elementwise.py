@@ -1,0 +1,87 @@
+"""The elementwise binary ops (add, sub, mul, div, pow to a number) and neg."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Saved, Tensor, accumulate_grad, make_output
+# the helpers the ops share, bound under private names: they are not ops of this module
+from .operands import broadcast as _broadcast, needs as _needs, operand as _operand, operands as _operands
+
+
+def add(a, b) -> Tensor:
+    """out = a + b;  da = dout,  db = dout  (summed over broadcast axes)."""
+    a, b = _operands("add", a, b)
+    _broadcast("add", a.shape, b.shape)
+    value = a.value + b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad)
+        accumulate_grad(b, out.grad)
+    return make_output(value, "add", (a, b), _backward)
+
+
+def sub(a, b) -> Tensor:
+    """out = a - b;  da = dout,  db = -dout."""
+    a, b = _operands("sub", a, b)
+    _broadcast("sub", a.shape, b.shape)
+    value = a.value - b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad)
+        if b.requires_grad:
+            accumulate_grad(b, np.negative(out.grad))
+    return make_output(value, "sub", (a, b), _backward)
+
+
+def mul(a, b) -> Tensor:
+    """out = a * b;  da = dout * b,  db = dout * a."""
+    a, b = _operands("mul", a, b)
+    _broadcast("mul", a.shape, b.shape)
+    value = a.value * b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        if a.requires_grad:
+            accumulate_grad(a, out.grad * saved[b])
+        if b.requires_grad:
+            accumulate_grad(b, out.grad * saved[a])
+    return make_output(value, "mul", (a, b), _backward, saves=_needs(a, b))
+
+
+def div(a, b) -> Tensor:
+    """out = a / b;  da = dout / b,  db = -dout * a / b**2."""
+    a, b = _operands("div", a, b)
+    _broadcast("div", a.shape, b.shape)
+    value = a.value / b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        b_value = saved[b]
+        if a.requires_grad:
+            accumulate_grad(a, out.grad / b_value)
+        if b.requires_grad:
+            accumulate_grad(b, -out.grad * saved[a] / (b_value * b_value))
+    return make_output(value, "div", (a, b), _backward, saves=(b,) + ((a,) if b.requires_grad else ()))
+
+
+def pow(a, exponent: float) -> Tensor:
+    """out = a ** p for a number p;  da = dout * p * a ** (p - 1)."""
+    a = _operand("pow", a)
+    if isinstance(exponent, Tensor) or not np.isscalar(exponent):
+        raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
+    value = a.value ** exponent
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        if exponent == 0:  # a ** 0 is constant; a ** -1 at a = 0 would make 0 * inf = NaN
+            accumulate_grad(a, np.zeros_like(out.grad))
+        else:
+            accumulate_grad(a, out.grad * (exponent * saved[a] ** (exponent - 1)))
+    return make_output(value, "pow", (a,), _backward, saves=(a,))
+
+
+def neg(a) -> Tensor:
+    """out = -a;  da = -dout."""
+    a = _operand("neg", a)
+    value = np.negative(a.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, np.negative(out.grad))
+    return make_output(value, "neg", (a,), _backward)

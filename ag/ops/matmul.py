@@ -1,0 +1,102 @@
+"""The matrix product: matmul and linear (x @ w + b), each product counted by ``ag.count_ops``."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import trace
+from ..errors import ShapeError
+from ..modes import config
+from ..tensor import Saved, Tensor, accumulate_grad, make_output
+# the helpers the ops share, bound under private names: they are not ops of this module
+from .operands import needs as _needs, operand as _operand, operands as _operands
+
+
+def matmul(a, b) -> Tensor:
+    """out = a @ b (leading dims broadcast);  da = dout @ b^T,  db = a^T @ dout."""
+    a, b = _operands("matmul", a, b)
+    _check_matmul(a, b)
+    value = _mm(a.value, b.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = out.grad
+        if a.ndim == 1 or b.ndim == 1:  # as np.matmul does: a vector is a one-row or one-column matrix
+            g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
+        if a.requires_grad:
+            ga = _mm(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
+            accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
+        if b.requires_grad:
+            gb = _mm(np.swapaxes(_as_matrix(saved[a], row=True), -1, -2), g)
+            accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
+    return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
+
+
+def _as_matrix(x, row: bool):
+    """A 1-D array (or shape) as a one-row matrix (``row``) or a one-column one; else unchanged."""
+    if isinstance(x, tuple):
+        return x if len(x) != 1 else ((1,) + x if row else x + (1,))
+    return x if x.ndim != 1 else (x[None, :] if row else x[:, None])
+
+
+def linear(x, w, b=None) -> Tensor:
+    """out = x @ w + b in one buffer (as torch's addmm);  dx = dout @ w^T,  dw = x^T @ dout,
+    db = Σ dout over all but the last axis."""
+    x, w = _operands("linear", x, w)
+    if w.ndim != 2 or x.ndim < 1:
+        raise ShapeError(f"linear: weight must be 2-D (in, out) and x at least 1-D, got shapes "
+                         f"{x.shape} and {w.shape}")
+    _check_matmul(x, w)
+    if b is not None:
+        b = _operand("linear", b, x)
+        if b.shape != (w.shape[1],):
+            raise ShapeError(f"linear: bias of shape {b.shape} does not match weight {w.shape}: "
+                             f"expected ({w.shape[1]},)")
+    # (s, b, h) as one (s·b, h) product: NumPy would run s products of b rows each
+    value = _mm(x.value.reshape(-1, x.shape[-1]), w.value, x.shape[:-1] + (w.shape[1],))
+    if b is not None:
+        value += b.value
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = out.grad.reshape(-1, out.shape[-1])
+        if x.requires_grad:
+            accumulate_grad(x, _mm(g, saved[w].T, x.shape))
+        if w.requires_grad:
+            accumulate_grad(w, _mm(saved[x].reshape(-1, x.shape[-1]).T, g))
+        if b is not None and b.requires_grad:
+            accumulate_grad(b, g.sum(axis=0))
+    inputs = (x, w) if b is None else (x, w, b)
+    return make_output(value, "linear", inputs, _backward, saves=_needs(x, w))
+
+
+def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """np.matmul, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase; with
+    ``shape``, written into a fresh array of that shape (not a reshaped view of one)."""
+    if shape is None:
+        product = np.matmul(x, y)
+    else:
+        product = np.empty_like(x, shape=shape, dtype=np.result_type(x, y))
+        np.matmul(x, y, out=product.reshape(x.shape[:-1] + y.shape[-1:]))
+    trace.count_matmul(config.phase, 2 * product.size * x.shape[-1])
+    return product
+
+
+def _check_matmul(a: Tensor, b: Tensor) -> None:
+    a_shape, b_shape = a.shape, b.shape
+    if not a_shape or not b_shape:
+        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes {a_shape} "
+                         f"and {b_shape} (use mul for a scalar)")
+    k_a = a_shape[-1]
+    k_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
+    if k_a != k_b:
+        raise ShapeError(f"matmul: shapes {a_shape} and {b_shape} do not align: the last "
+                         f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
+    if len(a_shape) <= 2 and len(b_shape) <= 2:
+        return
+    try:
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions {a_shape[:-2]} and {b_shape[:-2]} of shapes "
+                         f"{a_shape} and {b_shape} do not broadcast") from None
+
+
+def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
+    return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])

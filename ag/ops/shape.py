@@ -1,0 +1,114 @@
+"""The shape ops: reshape, transpose, getitem and concat, and where, which picks each element from a or b."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..tensor import Saved, Tensor, accumulate_grad, make_output
+# the helpers the ops share, bound under private names: they are not ops of this module
+from .operands import (broadcast as _broadcast, normalize_axes as _axes, normalize_axis as _axis,
+                       operand as _operand, operands as _operands)
+
+
+def reshape(a, *shape) -> Tensor:
+    """out = a viewed with a new shape;  da = dout reshaped back."""
+    a = _operand("reshape", a)
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    try:
+        value = a.value.reshape(shape)
+    except ValueError:
+        raise ShapeError(f"reshape: cannot reshape a tensor of shape {a.shape} "
+                         f"({a.size} elements) to {shape}") from None
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad.reshape(a.shape))
+    return make_output(value, "reshape", (a,), _backward)
+
+
+def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
+    """out = a with its axes permuted (reversed by default);  da = dout with the inverse permutation."""
+    a = _operand("transpose", a)
+    perm = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
+    if len(perm) != a.ndim or (perm and _axes("transpose", perm, a.ndim) != tuple(range(a.ndim))):
+        raise ShapeError(f"transpose: axes {axes!r} are not a permutation of the "
+                         f"{a.ndim} axes of shape {a.shape}")
+    perm = tuple(int(p) % a.ndim for p in perm)
+    inverse = tuple(int(i) for i in np.argsort(perm))
+    value = np.transpose(a.value, perm)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, np.transpose(out.grad, inverse))
+    return make_output(value, "transpose", (a,), _backward)
+
+
+def getitem(a, index) -> Tensor:
+    """out = a[index];  da = dout scattered back into zeros of a's shape (summed where repeated)."""
+    a = _operand("getitem", a)
+    index = _plain_index(index)
+    try:
+        value = a.value[index]
+    except (IndexError, TypeError) as error:
+        raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
+    basic = _is_basic(index)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = np.zeros_like(out.grad, shape=a.shape)
+        if basic:
+            g[index] = out.grad
+        else:
+            np.add.at(g, index, out.grad)
+        accumulate_grad(a, g)
+    return make_output(value, "getitem", (a,), _backward)
+
+
+def _plain_index(index):
+    if isinstance(index, Tensor):
+        return index.value
+    if isinstance(index, tuple):
+        return tuple(i.value if isinstance(i, Tensor) else i for i in index)
+    return index
+
+
+def _is_basic(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(p is None or p is Ellipsis or isinstance(p, (slice, int, np.integer)) for p in parts)
+
+
+def concat(tensors: Sequence, axis: int = 0) -> Tensor:
+    """out = [t1, t2, ...] joined along ``axis``;  dt_i = the slice of dout that t_i became."""
+    tensors = [_operand("concat", t) for t in tensors]
+    if not tensors:
+        raise ShapeError("concat: needs at least one tensor")
+    ax = _axis("concat", axis, tensors[0].ndim)
+    first = tensors[0].shape
+    for t in tensors[1:]:
+        if t.ndim != len(first) or any(n != m for i, (n, m) in enumerate(zip(t.shape, first)) if i != ax):
+            raise ShapeError(f"concat: shapes {[x.shape for x in tensors]} differ outside axis {ax}")
+    ends = np.cumsum([t.shape[ax] for t in tensors])[:-1]
+    value = np.concatenate([t.value for t in tensors], axis=ax)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        for t, g in zip(tensors, np.split(out.grad, ends, axis=ax)):
+            accumulate_grad(t, g)
+    return make_output(value, "concat", tensors, _backward)
+
+
+def where(condition, a, b) -> Tensor:
+    """out = a where condition else b;  da = dout where condition,  db = dout elsewhere."""
+    cond = condition.value if isinstance(condition, Tensor) else condition
+    if not (hasattr(cond, "shape") and getattr(cond, "dtype", None) == np.bool_):
+        raise TypeError(f"where: condition must be a boolean array, got "
+                        f"{getattr(cond, 'dtype', type(cond).__name__)}")
+    a, b = _operands("where", a, b)
+    _broadcast("where", cond.shape, a.shape, b.shape)
+    value = np.where(cond, a.value, b.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        zero = out.grad.dtype.type(0)
+        if a.requires_grad:
+            accumulate_grad(a, np.where(cond, out.grad, zero))
+        if b.requires_grad:
+            accumulate_grad(b, np.where(cond, zero, out.grad))
+    return make_output(value, "where", (a, b), _backward)

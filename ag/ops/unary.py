@@ -1,0 +1,120 @@
+"""The elementwise unary ops: exp, log, sqrt, relu, tanh, sigmoid and gelu."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..handover import grad_to_overwrite
+from ..tensor import Saved, Tensor, accumulate_grad, make_output
+# the helpers the ops share, bound under private names: they are not ops of this module
+from .operands import operand as _operand
+
+
+def exp(a) -> Tensor:
+    """y = e^a;  da = dy * y."""
+    a = _operand("exp", a)
+    value = np.exp(a.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad * saved[out])
+    return make_output(value, "exp", (a,), _backward, saves_output=True)
+
+
+def log(a) -> Tensor:
+    """y = ln a;  da = dy / a."""
+    a = _operand("log", a)
+    value = np.log(a.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad / saved[a])
+    return make_output(value, "log", (a,), _backward, saves=(a,))
+
+
+def sqrt(a) -> Tensor:
+    """y = √a;  da = dy / (2y)."""
+    a = _operand("sqrt", a)
+    value = np.sqrt(a.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        accumulate_grad(a, out.grad / (2 * saved[out]))
+    return make_output(value, "sqrt", (a,), _backward, saves_output=True)
+
+
+def relu(a) -> Tensor:
+    """y = max(a, 0);  da = dy where y > 0, else 0 (reads only the output)."""
+    a = _operand("relu", a)
+    value = np.maximum(a.value, 0)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
+        np.multiply(g, saved[out] > 0, out=g)
+        accumulate_grad(a, g)
+    return make_output(value, "relu", (a,), _backward, saves_output=True)
+
+
+def tanh(a) -> Tensor:
+    """y = tanh a;  da = dy * (1 - y²)."""
+    a = _operand("tanh", a)
+    value = np.tanh(a.value)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        y = saved[out]
+        accumulate_grad(a, out.grad * (1 - y * y))
+    return make_output(value, "tanh", (a,), _backward, saves_output=True)
+
+
+def sigmoid(a) -> Tensor:
+    """y = 1 / (1 + e^-a);  da = dy * y * (1 - y)."""
+    a = _operand("sigmoid", a)
+    e = np.exp(-np.abs(a.value))  # exp of -|a| only, so that large |a| never overflows
+    y = np.where(a.value >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        y = saved[out]
+        accumulate_grad(a, out.grad * y * (1 - y))
+    return make_output(y, "sigmoid", (a,), _backward, saves_output=True)
+
+
+_GELU_C = math.sqrt(2 / math.pi)
+
+
+def gelu(a) -> Tensor:
+    """y = a/2 · (1 + tanh(c(a + 0.044715 a³))), c = √(2/π);
+    da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
+    a = _operand("gelu", a)
+    y = _gelu_tanh(a.value)  # built in place: one buffer, no temporaries
+    y += 1
+    y *= a.value
+    y *= 0.5
+
+    def _backward(out: Tensor, saved: Saved) -> None:
+        x = saved[a]
+        t = _gelu_tanh(x)
+        # da = g + v·(1 + 3·0.044715x²), g = dy·½(1 + t), v = g·cx(1 - t), in t and dy's own buffer
+        g = grad_to_overwrite(out)
+        t += 1
+        g *= t
+        g *= 0.5
+        np.subtract(2, t, out=t)
+        t *= x
+        t *= _GELU_C
+        t *= g
+        g += t
+        t *= x
+        t *= x
+        t *= 3 * 0.044715
+        g += t
+        del t
+        accumulate_grad(a, g)
+    return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """t = tanh(c(x + 0.044715 x³)) in one fresh buffer (x·x·x: float ** 3 is 100× slower)."""
+    t = np.multiply(x, x, out=np.empty_like(x))  # an array even when x is 0-d
+    t *= x
+    t *= 0.044715
+    t += x
+    t *= _GELU_C
+    return np.tanh(t, out=t)
