@@ -200,7 +200,7 @@ def test_backward_frees_a_value_inside_a_released_block_after_the_last_step_that
     assert g.value is None and a.value is None
     reference_steps, reference, _ = _traced_block(np.random.default_rng(0), release=False)
     # right after y = g @ w2's step (g's last reader), the run without the release still holds g
-    matmul = [i for i, s in enumerate(steps) if s.op == "matmul"][0]
+    matmul = next(i for i, s in enumerate(steps) if s.op == "matmul")
     assert reference_steps[matmul].op == "matmul"
     assert reference_steps[matmul].allocated_bytes - steps[matmul].allocated_bytes == ACT
     for w, r in zip(weights, reference):

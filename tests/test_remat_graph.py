@@ -422,18 +422,27 @@ def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
 
 # ---- the lecture's answer ----
 
-def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_softmax_output():
+@pytest.fixture(scope="module")
+def layer():
+    """Lecture 6.4's float16 transformer layer: its graph, NeMo's selective schedule and
+    Checkmate's at selective's budget."""
     s, b, h, a = 128, 2, 64, 4
     model = nn.TransformerLayer(h, a, dtype=np.float16, dropout=0.1)
     x = ag.Tensor(np.random.default_rng(0).standard_normal((s, b, h)).astype(np.float16), requires_grad=True)
     graph = remat.capture(lambda x: ag.sum(model(x)), x)
-    selective, none = remat.nemo(graph, "selective"), remat.chain_schedule(graph, "none")
+    selective = remat.nemo(graph, "selective")
+    found = remat.checkmate(graph, selective.predicted_peak_bytes)
+    return (s, b, h, a), x, graph, selective, found
+
+
+def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_softmax_output(layer):
+    (s, b, h, a), x, graph, selective, found = layer
+    none = remat.chain_schedule(graph, "none")
     weights = graph.leaf_bytes - x.nbytes
     mask = a * s * s * b  # the attention dropout's mask: a captured graph keeps it (no seed to redraw it from)
     assert kept_after_forward(selective) == (memory_model.activation_bytes_per_layer(s, b, h, a, recompute="selective")
                                              + weights + mask)
     assert kept_after_forward(none) == memory_model.activation_bytes_per_layer(s, b, h, a) + weights
-    found = remat.checkmate(graph, selective.predicted_peak_bytes)
     assert found.status == "optimal"
     assert selective.recompute_flops == 2 * s * s * h * b  # QKᵀ
     assert found.recompute_flops == 0 and found.predicted_peak_bytes <= selective.predicted_peak_bytes
@@ -443,13 +452,8 @@ def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_soft
     assert {"dropout", "layer_norm", "gelu"} <= recomputed
 
 
-def test_both_schedules_peak_in_the_attention_cores_backward_and_a_tighter_budget_brings_qkt_back():
-    s, b, h, a = 128, 2, 64, 4
-    model = nn.TransformerLayer(h, a, dtype=np.float16, dropout=0.1)
-    x = ag.Tensor(np.random.default_rng(0).standard_normal((s, b, h)).astype(np.float16), requires_grad=True)
-    graph = remat.capture(lambda x: ag.sum(model(x)), x)
-    selective = remat.nemo(graph, "selective")
-    found = remat.checkmate(graph, selective.predicted_peak_bytes)
+def test_both_schedules_peak_in_the_attention_cores_backward_and_a_tighter_budget_brings_qkt_back(layer):
+    _, _, graph, selective, found = layer
     for schedule in (selective, found):
         node = graph.nodes[graph.steps[peak_step(schedule)].node]
         assert node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope)
@@ -459,15 +463,23 @@ def test_both_schedules_peak_in_the_attention_cores_backward_and_a_tighter_budge
     assert any(node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in products)
 
 
-def peak_step(schedule) -> int:
-    """The backward step during which the schedule's predicted peak is reached."""
-    from ag.remat.model import Memory, events, stage_step
-    memory, stage, peak, at = Memory(schedule.graph), -1, 0, None
+def replay(schedule):
+    """The schedule's events under the memory model: (stage, memory) after each one."""
+    from ag.remat.model import Memory, events
+    memory, stage = Memory(schedule.graph), -1
     for kind, t, x in events(schedule.graph, schedule.R, schedule.S):
         if t != stage:
             stage = t
             memory.stage(t)
         getattr(memory, kind)(x)
+        yield t, memory
+
+
+def peak_step(schedule) -> int:
+    """The backward step during which the schedule's predicted peak is reached."""
+    from ag.remat.model import stage_step
+    peak, at = 0, None
+    for t, memory in replay(schedule):
         if memory.peak > peak:
             peak, at = memory.peak, stage_step(schedule.graph, t)
     assert peak == schedule.predicted_peak_bytes and at is not None
@@ -476,16 +488,12 @@ def peak_step(schedule) -> int:
 
 def kept_after_forward(schedule) -> int:
     """Bytes alive when backward starts: what the schedule keeps from forward, leaves included."""
-    from ag.remat.model import Memory, events
-    memory, stage = Memory(schedule.graph), -1
-    for kind, t, x in events(schedule.graph, schedule.R, schedule.S):
+    alive = schedule.graph.leaf_bytes
+    for t, memory in replay(schedule):
         if t >= schedule.graph.n:
             break
-        if t != stage:
-            stage = t
-            memory.stage(t)
-        getattr(memory, kind)(x)
-    return memory.alive
+        alive = memory.alive
+    return alive
 
 
 def test_bad_strategy_and_granularity_are_refused(graphs):
