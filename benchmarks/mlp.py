@@ -26,14 +26,13 @@ import json
 import os
 import statistics
 import sys
-import time
-from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
+from _timing import take_turns  # noqa: E402
 from _goals import goal, verdict  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 
@@ -124,17 +123,6 @@ class TorchMLP:
 
 
 # ---- time ----
-
-def time_steps(models: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per step of each model, the models taking turns (warm them up first)."""
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, step in models.items():
-            gc.collect()
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def check_same_result(a: AgMLP, t: TorchMLP) -> float:
@@ -238,7 +226,7 @@ def time_row(dtype: str, args) -> list[str]:
     a, t = AgMLP(x, params), TorchMLP(x, params)
     del x, params
     worst = check_same_result(a, t)  # also the warm-up step of each
-    times = time_steps({"ag": a.step, "torch": t.step}, args.repeats)
+    times = take_turns({"ag": a.step, "torch": t.step}, args.repeats)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
+from _timing import take_turns  # noqa: E402
 from ag import remat  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
@@ -150,19 +151,6 @@ def measure_ag(chain: AgChain, profile: remat.ChainProfile, strategy: str) -> Ag
     return AgRun(strategy, kept, mode, peak, remat.predict(profile, kept, mode=mode), counts)
 
 
-def time_turns(steps: dict[str, Callable[[], None]], repeats: dict[str, int]) -> dict[str, list[float]]:
-    """Seconds per step, the steps taking turns; step ``name`` runs ``repeats[name]`` times."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for round_ in range(max(repeats.values())):
-        for name, step in steps.items():
-            if round_ >= repeats[name]:
-                continue
-            gc.collect()
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
-
 
 def memory_worker(framework: str, strategy: str, n: int, batch: int, width: int) -> dict:
     """In a fresh process: RSS peak of one step after a warm-up (weights and grads exist before)."""
@@ -209,7 +197,7 @@ def equal_chain(args) -> None:
         steps[f"torch {s}"]()  # warm-up, and the layers it runs
         torch_calls[s] = t.layer_calls
     repeats = {name: args.repeats for name in steps} | {"ag all": args.all_repeats}
-    times = time_turns(steps, repeats)
+    times = take_turns(steps, repeats)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
 

@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
+from _timing import take_turns  # noqa: E402
 from _goals import goal  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
@@ -230,17 +231,6 @@ def worst_differences(steps: dict) -> dict[str, tuple[float, float, float]]:
 
 # ---- time ----
 
-def time_turns(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per step of each contestant, the contestants taking turns."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            gc.collect()
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
-
 
 def time_table(times: dict[str, list[float]]) -> list[list[str]]:
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -420,7 +410,7 @@ def main() -> None:
             step()
         print(f"dropout {args.dropout}: the masks of the two frameworks differ, no agreement check")
     took["check"], start = time.perf_counter() - start, time.perf_counter()
-    times = time_turns(steps, args.repeats)
+    times = take_turns(steps, args.repeats)
     took["time"], start = time.perf_counter() - start, time.perf_counter()
     del steps
     gc.collect()
