@@ -17,6 +17,7 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO �
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -32,6 +33,9 @@ from .trace import count_matmul
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
+# Without a mask the forward streams wider key tiles: its row max and row sum run faster along
+# rows of 512 than of 256, and it has no diagonal tile to half waste (BENCHMARKS.md, "tiles").
+DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
 
 
 # ---- shapes and masks ----
@@ -178,7 +182,7 @@ def _check_block(op: str, name: str, size) -> None:
 # ---- the tiled way: FlashAttention-2 on NumPy ----
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT_BLOCK_Q,
-                    block_k: int = DEFAULT_BLOCK_K, return_lse: bool = False, backend: str = "numpy",
+                    block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
                     workers: int | None = None):
     """O = softmax(scale · Q Kᵀ + mask) V, tile by tile: no N×N array is ever held.
 
@@ -187,6 +191,11 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     group). With ``return_lse=True`` also returns lse = logsumexp of each row of scaled
     scores, shape (..., H, Nq), as an array.
 
+    Tiles (NumPy path) are ``block_q`` query rows by ``block_k`` keys. ``block_k=None`` means
+    ``DEFAULT_BLOCK_K`` (256), except in a forward without a causal mask, which streams
+    ``DEFAULT_BLOCK_K_FORWARD_UNMASKED`` (512) keys a tile. The results do not depend on the tiles
+    beyond float rounding.
+
     ``workers`` (NumPy path): threads that share the key/value heads, each running the tile
     loops on its heads with BLAS held to one thread (threadpoolctl), so nothing oversubscribes.
     None means the machine's cores; without threadpoolctl (``pip install 'ag[fast]'``) it is 1.
@@ -194,7 +203,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     """
     _check_causal("flash_attention", causal)
     _check_block("flash_attention", "block_q", block_q)
-    _check_block("flash_attention", "block_k", block_k)
+    if block_k is not None:
+        _check_block("flash_attention", "block_k", block_k)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
     if _backend(backend, tq) == "cupy":
@@ -214,7 +224,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     return (out, lse) if return_lse else out
 
 
-def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int,
+def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int | None,
                   workers: int | None = None):
     """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's
     tiles, the key/value heads shared out among ``workers`` threads."""
@@ -223,14 +233,17 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
     heads = _check_shapes("flash_attention", tq, tk, tv)
-    tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k)
+    tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k or DEFAULT_BLOCK_K)
+    forward_tiles = tiles
+    if block_k is None and not causal:
+        forward_tiles = _Tiles(heads, causal, tiles.scale, block_q, DEFAULT_BLOCK_K_FORWARD_UNMASKED)
     chunks = _head_chunks(heads.h_kv, _workers(workers))
 
     def forward(q, k, v):
-        parts = _in_parallel([lambda a=a, b=b: tiled_forward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v))
+        parts = _in_parallel([lambda a=a, b=b: tiled_forward(forward_tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v))
                               for a, b in chunks])
-        tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
-        tiles.count_products(2)  # S = QKᵀ, PV
+        forward_tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
+        forward_tiles.count_products(2)  # S = QKᵀ, PV
         return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
 
     def backward(q, k, v, o, lse, do):
@@ -272,10 +285,16 @@ def _in_parallel(jobs: list) -> list:
     if len(jobs) == 1:
         return [jobs[0]()]
     from concurrent.futures import ThreadPoolExecutor
-
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(len(jobs)) as pool:
+    with _blas_threads().limit(limits=1, user_api="blas"), ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(lambda job: job(), jobs))
+
+
+@functools.cache
+def _blas_threads():
+    """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
+    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
 
 
 def _joined(parts: list[np.ndarray], axis: int) -> np.ndarray:

@@ -49,6 +49,7 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
+from _timing import take_turns  # noqa: E402
 from _goals import goal, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
@@ -147,18 +148,6 @@ def worst_differences(n: int, blocks: dict) -> dict[tuple[str, bool], float]:
 
 
 # ---- time ----
-
-def time_turns(runs: dict[str, Callable[[], object]], repeats: dict[str, int]) -> dict[str, list[float]]:
-    """Seconds per call of each run, the runs taking turns; ``repeats[name]`` calls of each."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for turn in range(max(repeats.values())):
-        for name, run in runs.items():
-            if turn < repeats[name]:
-                gc.collect()
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-    return times
 
 
 def timed_step(a: AgAttention) -> tuple[float, float]:
@@ -270,7 +259,7 @@ def time_rows(n: int, causal: bool, blocks: dict, args) -> tuple[list[str], list
     repeats = repeats_for(n, args)
     calls = {f"{name} forward": r.forward for name, r in runs.items()}
     calls |= {f"{name} step": r.step for name, r in runs.items()}
-    times = time_turns(calls, {c: repeats[c.split()[0]] for c in calls})
+    times = take_turns(calls, {c: repeats[c.split()[0]] for c in calls})
     del runs
     return (time_row(n, causal, "forward", times, 1.0), time_row(n, causal, "step", times, 3.5))
 
@@ -302,7 +291,7 @@ def time_tables(args, blocks: dict) -> None:
 
 
 def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None:
-    tiles = f"flash tiles {blocks['block_q']} x {blocks['block_k']}"
+    tiles = f"flash tiles {tiles_label(blocks)}"
     print_table(f"2a. Forward pass alone (no graph): median ms, GFLOP/s at 4·B·H·N²·d (halved when causal); "
                 f"{tiles}",
                 TIME_HEADER, forward_rows)
@@ -322,6 +311,14 @@ TORCH_LIMIT = ("BLAS on tiles: one core's sgemm on a 256-row tile runs at ~95 GF
 
 
 # ---- 3. peak memory of one step ----
+
+def tiles_label(blocks: dict) -> str:
+    """block_q x block_k, or ag's defaults spelled out when block_k is None."""
+    if blocks["block_k"] is not None:
+        return f"{blocks['block_q']} x {blocks['block_k']}"
+    return (f"{blocks['block_q']} x {attention.DEFAULT_BLOCK_K} "
+            f"({blocks['block_q']} x {attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} in a forward without a mask)")
+
 
 def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
     """In a fresh process: warm up on a small N, then the peak of one step at N (RSS; and tracemalloc for ag)."""
@@ -344,7 +341,7 @@ def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
 
 def measure_memory(framework: str, n: int, causal: bool, blocks: dict) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, str(n), str(int(causal)),
-           "--block-q", str(blocks["block_q"]), "--block-k", str(blocks["block_k"])]
+           "--block-q", str(blocks["block_q"])] + (["--block-k", str(blocks["block_k"])] if blocks["block_k"] else [])
     return run_worker(cmd, f"{framework} N={n} {mask_name(causal)}")
 
 
@@ -484,7 +481,7 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
 
 
 def anatomy(n: int, blocks: dict, number: int) -> None:
-    block_q, block_k = blocks["block_q"], blocks["block_k"]
+    block_q, block_k = blocks["block_q"], blocks["block_k"] or attention.DEFAULT_BLOCK_K
     t = tile_arrays(block_q, block_k)
     tiles = math.ceil(n / block_q) * math.ceil(n / block_k)
     rows, totals = [], {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
@@ -525,7 +522,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
     parser.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--block-q", type=int, default=attention.DEFAULT_BLOCK_Q)
-    parser.add_argument("--block-k", type=int, default=attention.DEFAULT_BLOCK_K)
+    parser.add_argument("--block-k", type=int, default=None,
+                        help="keys per tile; by default ag's (256, and 512 in a forward without a mask)")
     parser.add_argument("--repeats", type=_ints, default=[5, 5, 3, 2], help="runs of each contestant, per N")
     parser.add_argument("--naive-repeats", type=_ints, default=[5, 5, 2, 1], help="runs of naive, per N")
     parser.add_argument("--sweep-n", type=_ints, default=[2048, 4096])
@@ -557,8 +555,8 @@ def main() -> None:
         return
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
-    print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {args.block_q} x {args.block_k} "
-          f"(ag's defaults: {attention.DEFAULT_BLOCK_Q} x {attention.DEFAULT_BLOCK_K})")
+    print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {tiles_label(blocks)} "
+          f"(ag's defaults: {tiles_label({'block_q': attention.DEFAULT_BLOCK_Q, 'block_k': None})})")
     for line in machine_lines():
         print(line)
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "

@@ -307,6 +307,24 @@ def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal):
     np.testing.assert_allclose(results[0][0], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_key_tiles_are_512_in_an_unmasked_forward_and_256_otherwise(causal):
+    from ag.attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 1100, 16)).astype(np.float32) for _ in range(3))
+    forward_tile = DEFAULT_BLOCK_K if causal else DEFAULT_BLOCK_K_FORWARD_UNMASKED
+    other_tile = DEFAULT_BLOCK_K_FORWARD_UNMASKED if causal else DEFAULT_BLOCK_K
+    default = flash_attention(q, k, v, causal=causal)
+    # tiles change the float rounding, so only the forward's own tile size gives the same bits
+    assert np.array_equal(default, flash_attention(q, k, v, causal=causal, block_k=forward_tile))
+    assert not np.array_equal(default, flash_attention(q, k, v, causal=causal, block_k=other_tile))
+    weight = rng.standard_normal(q.shape).astype(np.float32)
+    _, grads = grads_of(flash_attention, q, k, v, weight, causal=causal)
+    _, expected = grads_of(naive_attention, q, k, v, weight, causal=causal)
+    for g, e in zip(grads, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("workers", [0, -2, 1.5, True, "2"])
 def test_a_bad_number_of_workers_is_refused(workers):
     q = np.ones((1, 2, 4, 4), np.float32)
