@@ -247,14 +247,18 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
         return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
 
     def backward(q, k, v, o, lse, do):
+        # each worker adds into its heads' share of grads in the inputs' own shapes: no joining copy
+        grads = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+
         def part(a: int, b: int):
             rows = slice(a * heads.group, b * heads.group)
-            return tiled_backward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v),
-                                  o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :])
-        parts = _in_parallel([lambda a=a, b=b: part(a, b) for a, b in chunks])
+            tiled_backward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v),
+                           o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :],
+                           grads=_kv_heads(a, b, heads.group, *grads))
+        _in_parallel([lambda a=a, b=b: part(a, b) for a, b in chunks])
         tiles.forget_masks()
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
-        return tuple(_joined([p[i] for p in parts], -3) for i in range(3))
+        return grads
     return forward, backward
 
 
@@ -442,17 +446,18 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
-def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
     dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
-    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy."""
+    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
     lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
-    dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+    dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION
     d_row = np.sum(dog * og, axis=-1, keepdims=True)

@@ -25,17 +25,18 @@ import numpy as np
 from ag.attention import _Tiles, _group_sum
 
 
-def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
     dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
-    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy."""
+    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
     lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
-    dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+    dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     d_row = np.sum(dog * og, axis=-1, keepdims=True)
     for k_start in range(0, h.n_k, tiles.block_k):

@@ -303,8 +303,11 @@ def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal):
         results.append([out.value] + [t.grad for t in ts])
     for other in results[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
-    expected = naive_attention(*arrays, causal=causal)
-    np.testing.assert_allclose(results[0][0], expected, rtol=1e-5, atol=1e-5)
+    ts = [ag.Tensor(a, requires_grad=True) for a in arrays]
+    expected = naive_attention(*ts, causal=causal)
+    ag.sum(expected * expected).backward()
+    for got, want in zip(results[0], [expected.value] + [t.grad for t in ts]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
