@@ -21,7 +21,6 @@ needs it (``ag.discard``). When a step's grad may be handed on without a copy is
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,12 +30,14 @@ from .arrays import array_module, as_array, numeric_array, unbroadcast
 from .discard import discard_value_if_has_rematerializer, rematerialize
 from .errors import GraphError
 from .modes import config, phase
+from .tensor_base import TensorBase
 
 Rematerializer = Callable[[], np.ndarray]
 
 
-class Tensor:
-    """A NumPy array with a gradient, a place in the graph and an optional rematerializer."""
+class Tensor(TensorBase):
+    """A NumPy array with a gradient, a place in the graph and an optional rematerializer
+    (its sizes, printing and ``.numpy()`` are ``TensorBase``'s, in ``tensor_base.py``)."""
 
     __array_priority__ = 1000  # so that ndarray + Tensor calls Tensor.__radd__
 
@@ -77,36 +78,8 @@ class Tensor:
         return self._dtype if self.value is None else self.value.dtype
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.value is None else self.value.nbytes
-
-    @property
     def is_leaf(self) -> bool:
         return self.op is None
-
-    def __repr__(self) -> str:
-        label = f", name={self.name!r}" if self.name else ""
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        if self.value is None:
-            return f"Tensor(<discarded>{label}{grad})"
-        return f"Tensor({np.array2string(self.value, threshold=20)}{grad}{label})"
-
-    def __len__(self) -> int:
-        return len(self._live_value("len"))
-
-    def describe(self) -> str:
-        """A short name for messages: the tensor's name, else the op that made it."""
-        if self.name:
-            return f"tensor '{self.name}'"
-        return f"output of {self.op}" if self.op else "a leaf tensor"
 
     def retain_grad(self) -> Tensor:
         """Keep this non-leaf tensor's grad after backward instead of freeing it."""
@@ -120,21 +93,9 @@ class Tensor:
         else:
             self.grad = None
 
-    def numpy(self) -> np.ndarray:
-        return self._live_value("numpy")
-
-    def item(self) -> float:
-        return self._live_value("item").item()
-
     def backward(self, grad=None, *, retain_graph: bool = False, trace: bool = False):
         """Backpropagate from this tensor; with ``trace=True`` return a snapshot after each step."""
         return backward(self, grad, retain_graph=retain_graph, trace=trace)
-
-    def _live_value(self, what: str) -> np.ndarray:
-        if self.value is None:
-            raise GraphError(f"{what}: the value of {self.describe()} was discarded "
-                             "(rematerialization or release); it has no value to read now")
-        return self.value
 
 
 class Saved:
