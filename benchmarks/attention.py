@@ -306,8 +306,9 @@ def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None
                  float(worst[column]), limit, limited_by=limited_by)
 
 
-TORCH_LIMIT = ("BLAS on tiles: one core's sgemm on a 256-row tile runs at ~95 GFLOP/s, so QK^T and PV alone "
-               "take ~1.15 x torch's whole fused kernel; then NumPy's max, subtract, exp and sum, a pass each")
+TORCH_LIMIT = ("BLAS on tiles: one core's sgemm with K = d = 64 runs at ~100 GFLOP/s on a tile, so QK^T and PV "
+               "alone cost ~0.8 x torch's whole fused kernel; NumPy's max, subtract, exp and sum add a pass each, "
+               "and at small N the per-call Python, threads and joins weigh more")
 
 
 # ---- 3. peak memory of one step ----
