@@ -34,7 +34,7 @@ from .trace import count_matmul
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 # Without a mask the forward streams wider key tiles: its row max and row sum run faster along
-# rows of 512 than of 256, and it has no diagonal tile to half waste (BENCHMARKS.md, "tiles").
+# rows of 512 than of 256, and it has no diagonal tile to half waste (BENCHMARKS.md, "History").
 DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
 
 
