@@ -149,6 +149,13 @@ def worst_differences(n: int, blocks: dict) -> dict[tuple[str, bool], float]:
 
 # ---- time ----
 
+def tiles_label(blocks: dict) -> str:
+    """block_q x block_k, or ag's defaults spelled out when block_k is None."""
+    if blocks["block_k"] is not None:
+        return f"{blocks['block_q']} x {blocks['block_k']}"
+    return (f"{blocks['block_q']} x {attention.DEFAULT_BLOCK_K} "
+            f"({blocks['block_q']} x {attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} in a forward without a mask)")
+
 
 def timed_step(a: AgAttention) -> tuple[float, float]:
     """(forward, backward) seconds of one training step."""
@@ -312,14 +319,6 @@ TORCH_LIMIT = ("BLAS on tiles: one core's sgemm with K = d = 64 runs at ~100 GFL
 
 
 # ---- 3. peak memory of one step ----
-
-def tiles_label(blocks: dict) -> str:
-    """block_q x block_k, or ag's defaults spelled out when block_k is None."""
-    if blocks["block_k"] is not None:
-        return f"{blocks['block_q']} x {blocks['block_k']}"
-    return (f"{blocks['block_q']} x {attention.DEFAULT_BLOCK_K} "
-            f"({blocks['block_q']} x {attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} in a forward without a mask)")
-
 
 def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
     """In a fresh process: warm up on a small N, then the peak of one step at N (RSS; and tracemalloc for ag)."""

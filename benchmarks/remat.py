@@ -151,7 +151,6 @@ def measure_ag(chain: AgChain, profile: remat.ChainProfile, strategy: str) -> Ag
     return AgRun(strategy, kept, mode, peak, remat.predict(profile, kept, mode=mode), counts)
 
 
-
 def memory_worker(framework: str, strategy: str, n: int, batch: int, width: int) -> dict:
     """In a fresh process: RSS peak of one step after a warm-up (weights and grads exist before)."""
     x, weights = make_chain([width] * (n + 1), batch, seed=0)
