@@ -242,7 +242,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     def forward(q, k, v):
         parts = _in_parallel([lambda a=a, b=b: tiled_forward(forward_tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v))
                               for a, b in chunks])
-        forward_tiles.forget_masks()  # nothing tile-sized stays alive between forward and backward
+        forward_tiles.free_buffers()  # nothing tile-sized stays alive between forward and backward
         forward_tiles.count_products(2)  # S = QKᵀ, PV
         return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
 
@@ -256,7 +256,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
                            o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :],
                            grads=_kv_heads(a, b, heads.group, *grads))
         _in_parallel([lambda a=a, b=b: part(a, b) for a, b in chunks])
-        tiles.forget_masks()
+        tiles.free_buffers()
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
@@ -267,9 +267,14 @@ def _workers(workers) -> int:
         workers = os.cpu_count() or 1
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"flash_attention: workers must be a positive integer or None, got {workers!r}")
-    if workers > 1 and importlib.util.find_spec("threadpoolctl") is None:
+    if workers > 1 and not _have_threadpoolctl():
         return 1  # threads without a cap on BLAS's own would oversubscribe
     return int(workers)
+
+
+@functools.cache
+def _have_threadpoolctl() -> bool:
+    return importlib.util.find_spec("threadpoolctl") is not None
 
 
 def _head_chunks(h_kv: int, workers: int) -> list[tuple[int, int]]:
@@ -338,6 +343,7 @@ class _Tiles:
         # query i sees keys 0..i + offset
         self.offset = heads.n_k - heads.n_q if causal == "bottom_right" else 0
         self._masks: dict[tuple, np.ndarray] = {}
+        self._scores: np.ndarray | None = None  # S_ij's buffer, reused by every tile
 
     def grouped(self, x: np.ndarray, group: int) -> np.ndarray:
         """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
@@ -364,15 +370,28 @@ class _Tiles:
         return q[..., rows, :] * q.dtype.type(self.scale)
 
     def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
-        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf (q_i comes scaled)."""
-        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
+        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf (q_i comes scaled).
+
+        Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory: the
+        next call overwrites it. A fresh tile-sized array each step cost a worker's forward 10% at
+        N = 1024, in page faults (BENCHMARKS.md, "History")."""
+        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2),
+                      out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], np.result_type(q_i, k_j)))
         mask = self.mask(q_start, k_start, s.shape[-2], s.shape[-1], s.dtype)
         if mask is not None:
             s += mask
         return s
 
-    def forget_masks(self) -> None:
+    def _score_tile(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        size = math.prod(shape)
+        if self._scores is None or self._scores.size < size or self._scores.dtype != dtype:
+            self._scores = np.empty(size, dtype)
+        return self._scores[:size].reshape(shape)
+
+    def free_buffers(self) -> None:
+        """Free what the tiles keep between steps: the causal masks and the score buffer."""
         self._masks.clear()
+        self._scores = None
 
     def of_heads(self, a: int, b: int) -> _Tiles:
         """The same call restricted to key/value heads [a, b): a worker's own tiles (and mask cache)."""

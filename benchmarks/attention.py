@@ -452,7 +452,8 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
         t["acc"] += np.matmul(p, t["v_j"])
 
     return [
-        ("fwd+bwd", "S = Q_i K_jᵀ", lambda: np.matmul(t["q_i"], sw(t["k_j"], -1, -2)), "", None),
+        ("fwd+bwd", "S = Q_i K_jᵀ (into one buffer)", lambda: np.matmul(t["q_i"], sw(t["k_j"], -1, -2), out=buf),
+         "", None),
         ("fwd+bwd", "S *= scale", lambda: np.multiply(s, scale, out=buf), "scale folded into Q_i (per row of tiles)",
          lambda: None),
         ("fwd", "m_new = max(m_i, rowmax S)", lambda: np.maximum(t["m"], np.max(s, axis=-1, keepdims=True)), "", None),

@@ -3,8 +3,9 @@
 Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the
 key/value tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator
 acc, divide once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled
-(scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile;
-tiles.key_tiles the key tiles a query tile can see.
+(scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one
+buffer that the next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key
+tiles a query tile can see.
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python solutions/ex4_flash_forward.py

@@ -333,3 +333,27 @@ def test_a_bad_number_of_workers_is_refused(workers):
     q = np.ones((1, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="workers must be a positive integer or None"):
         flash_attention(q, q, q, workers=workers)
+
+
+def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):
+    from ag import attention
+    handed_out = []  # (the tile as returned, a copy of its values then, the arguments)
+    scores = attention._Tiles.scores
+
+    def spy(self, q_i, k_j, q_start, k_start):
+        s = scores(self, q_i, k_j, q_start, k_start)
+        handed_out.append((s, s.copy(), self, q_i, k_j, q_start, k_start))
+        return s
+    monkeypatch.setattr(attention._Tiles, "scores", spy)
+    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys, a GQA group of 2
+    tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+    out = flash_attention(*tensors, causal=True, block_q=32, block_k=32, workers=1)
+    forward_tiles = len(handed_out)
+    ag.sum(out).backward()
+    for part in (handed_out[:forward_tiles], handed_out[forward_tiles:]):
+        assert len(part) > 4
+        assert all(np.shares_memory(part[0][0], s) for s, *_ in part[1:])
+    for _, values, tiles, q_i, k_j, q_start, k_start in handed_out:
+        expected = q_i @ np.swapaxes(k_j, -1, -2)
+        mask = tiles.mask(q_start, k_start, *expected.shape[-2:], expected.dtype)
+        np.testing.assert_array_equal(values, expected if mask is None else expected + mask)

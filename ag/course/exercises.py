@@ -82,8 +82,9 @@ EXERCISES = (
         "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
         "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
         "once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled (scale * Q_i); "
-        "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile; tiles.key_tiles the key "
-        "tiles a query tile can see.",
+        "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
+        "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
+        "can see.",
         (("attention", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention import _Tiles",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
