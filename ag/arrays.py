@@ -21,8 +21,6 @@ def as_array(x) -> np.ndarray:
 
 def numeric_array(value, name: str | None) -> np.ndarray:
     """A Tensor's value: a numeric array (bool, int, float or complex), or a TypeError that says why not."""
-    if type(value) is np.ndarray and value.dtype.kind in "biufc":
-        return value  # an op's result, the common case
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return np.asarray(value)  # a full reduction's scalar
     if hasattr(value, "value") and hasattr(value, "requires_grad"):

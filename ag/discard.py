@@ -56,7 +56,7 @@ def rematerialize(tensor, needed_by: str) -> np.ndarray:
     with no_grad(), phase("recompute"):
         value = tensor.rematerializer()
     value = value.value if hasattr(value, "requires_grad") else as_array(value)  # a Tensor, or an array
-    if (value.shape, value.dtype) != (tensor._shape, tensor._dtype):
+    if (value.shape, value.dtype) != (tensor.shape, tensor.dtype):
         raise GraphError(f"rematerializer of {tensor.describe()} returned shape {value.shape} "
-                         f"dtype {value.dtype}, expected shape {tensor._shape} dtype {tensor._dtype}")
+                         f"dtype {value.dtype}, expected shape {tensor.shape} dtype {tensor.dtype}")
     return value

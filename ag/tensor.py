@@ -54,28 +54,29 @@ class Tensor(TensorBase):
 
     def __init__(self, value, requires_grad: bool = False,
                  rematerializer: Rematerializer | None = None, name: str | None = None):
-        self.value = value = numeric_array(value, name)
-        self._shape, self._dtype = value.shape, value.dtype
-        floating = self._dtype.kind in "fc"
-        if requires_grad and not floating:
-            raise TypeError(f"Tensor {name or ''}: only floating-point tensors can require grad, "
-                            f"got dtype {self._dtype}")
-        self.requires_grad = bool(requires_grad) or (config.eager_grads and floating)
-        self.grad = np.zeros_like(value) if config.eager_grads else None
+        if type(value) is not np.ndarray or value.dtype.kind not in "biufc":  # not an op's plain result
+            value = numeric_array(value, name)
+        self.value = value
+        self.shape, self.dtype = value.shape, value.dtype  # fixed, and known while the value is discarded
         self.rematerializer = rematerializer
         self.name = name
+        self.requires_grad = False
+        self.grad = None
+        if requires_grad or config.eager_grads:
+            self._start_grad(requires_grad)
         trace.watch_value(self, config.phase)
-        if self.grad is not None:
+
+    def _start_grad(self, requires_grad: bool) -> None:
+        """requires_grad for a floating-point tensor (an error for any other), and under
+        ``eager_grads`` a zero grad buffer for every tensor."""
+        floating = self.dtype.kind in "fc"
+        if requires_grad and not floating:
+            raise TypeError(f"Tensor {self.name or ''}: only floating-point tensors can require grad, "
+                            f"got dtype {self.dtype}")
+        self.requires_grad = bool(requires_grad) or floating
+        if config.eager_grads:  # the lecture's "before": a grad buffer for every tensor, at birth
+            self.grad = np.zeros_like(self.value)
             trace.watch_grad(self)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape, known even while the value is discarded."""
-        return self._shape if self.value is None else self.value.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype if self.value is None else self.value.dtype
 
     @property
     def is_leaf(self) -> bool:
@@ -129,8 +130,11 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     """
     output = Tensor(value)
     output.op = op
-    grad_inputs = tuple([t for t in inputs if t.requires_grad]) if config.grad_enabled else ()
-    if grad_inputs:
+    grad_inputs = ()
+    for t in inputs:
+        if t.requires_grad:
+            grad_inputs += (t,)
+    if grad_inputs and config.grad_enabled:
         output.requires_grad = True
         output.inputs = grad_inputs
         output._backward = backward

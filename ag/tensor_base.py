@@ -17,6 +17,7 @@ class TensorBase:
 
     value: np.ndarray | None
     shape: tuple[int, ...]
+    dtype: np.dtype
     name: str | None
     op: str | None
     requires_grad: bool

@@ -140,6 +140,13 @@ def test_operators_match_the_functions(rng):
         np.testing.assert_array_equal(op_result.value, fn_result.value)
 
 
+def test_a_discarded_tensor_keeps_its_shape_and_dtype(rng):
+    h = ag.tanh(ag.Tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True))
+    h.value = None
+    assert (h.shape, h.dtype, h.ndim, h.size, h.nbytes) == ((3, 4), np.float32, 2, 12, 0)
+    assert "discarded" in repr(h)
+
+
 def test_rematerializer_restores_a_discarded_value_for_backward(rng):
     x = ag.Tensor(rng.standard_normal(4))
     w = ag.Tensor(rng.standard_normal(4), requires_grad=True)

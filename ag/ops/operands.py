@@ -32,6 +32,8 @@ def operand(op: str, x, like: Tensor | None = None) -> Tensor:
 
 
 def operands(op: str, a, b) -> tuple[Tensor, Tensor]:
+    if type(a) is Tensor and type(b) is Tensor and a.value is not None and b.value is not None:
+        return a, b  # the common case, without two calls
     a = operand(op, a, b if isinstance(b, Tensor) else None)
     return a, operand(op, b, a)
 
