@@ -138,6 +138,9 @@ class ndarray:
     def mean(self, *args, **kwargs):
         return np.mean(self, *args, **kwargs)
 
+    def dot(self, other):  # cupy.ndarray.dot, as ndarray.dot
+        return np.dot(self, other)
+
     def all(self, *args, **kwargs):
         return np.all(self, *args, **kwargs)
 

@@ -140,6 +140,28 @@ def test_operators_match_the_functions(rng):
         np.testing.assert_array_equal(op_result.value, fn_result.value)
 
 
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
+                                    (np.float32, np.float64)], ids=["float32", "float64", "mixed"])
+def test_matmul_of_1d_and_2d_operands_equals_numpys_matmul(rng, dtypes):
+    """ag multiplies 1-D and 2-D operands with np.dot, which skips matmul's set-up: the same
+    shape and dtype, and the same numbers up to BLAS's rounding (bit for bit on plain matrices)."""
+    shapes = [((4, 4), (4, 4)), ((1, 7), (7, 3)), ((300, 65), (65, 129)), ((5, 4), (4,)),
+              ((4,), (4, 6)), ((6,), (6,)), ((2, 3, 4), (4, 5))]
+    for a_shape, b_shape in shapes:
+        a = rng.standard_normal(a_shape).astype(dtypes[0])
+        b = rng.standard_normal(b_shape).astype(dtypes[1])
+        for x, y in [(a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)), (a, b[::-1])]:
+            out = ag.matmul(ag.Tensor(x), ag.Tensor(y)).value
+            expected = np.matmul(x, y)
+            assert out.dtype == expected.dtype and out.shape == expected.shape, (a_shape, b_shape)
+            tolerance = 1e-5 if expected.dtype == np.float32 else 1e-13
+            np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance,
+                                       err_msg=f"{a_shape} @ {b_shape}")
+        out = ag.matmul(ag.Tensor(a), ag.Tensor(b)).value
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype:
+            np.testing.assert_array_equal(out, np.matmul(a, b), err_msg=f"{a_shape} @ {b_shape}")
+
+
 def test_a_discarded_tensor_keeps_its_shape_and_dtype(rng):
     h = ag.tanh(ag.Tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True))
     h.value = None

@@ -68,10 +68,10 @@ def linear(x, w, b=None) -> Tensor:
 
 
 def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """np.matmul, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase; with
+    """x @ y, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase; with
     ``shape``, written into a fresh array of that shape (not a reshaped view of one)."""
-    if shape is None:
-        product = np.matmul(x, y)
+    if shape is None:  # for 1-D and 2-D operands np.dot is np.matmul (to rounding) without 0.45 µs of set-up
+        product = x.dot(y) if x.ndim <= 2 and y.ndim <= 2 else np.matmul(x, y)
     else:
         product = np.empty_like(x, shape=shape, dtype=np.result_type(x, y))
         np.matmul(x, y, out=product.reshape(x.shape[:-1] + y.shape[-1:]))
