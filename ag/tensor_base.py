@@ -15,6 +15,8 @@ from .errors import GraphError
 class TensorBase:
     """Sizes, printing and value access for a Tensor, whose ``value`` may be None (discarded)."""
 
+    __slots__ = ()  # the fields are Tensor's
+
     value: np.ndarray | None
     shape: tuple[int, ...]
     dtype: np.dtype
