@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
+from .modes import watching
+
 _recorders: list[list] = []
 _observers: list[Callable] = []
 
@@ -24,7 +26,8 @@ def observe_ops(callback: Callable) -> Iterator[None]:
     op's arguments there)."""
     _observers.append(callback)
     try:
-        yield
+        with watching():
+            yield
     finally:
         _observers[:] = [c for c in _observers if c is not callback]
 
@@ -35,6 +38,7 @@ def record_tensors() -> Iterator[list]:
     made: list = []
     _recorders.append(made)
     try:
-        yield made
+        with watching():
+            yield made
     finally:
         _recorders[:] = [r for r in _recorders if r is not made]  # by identity: empty lists are equal

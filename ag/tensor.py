@@ -69,7 +69,8 @@ class Tensor(TensorBase):
         self._internal = False                  # made inside a block release_unneeded closed
         if requires_grad or config.eager_grads:
             self._start_grad(requires_grad)
-        trace.watch_value(self, config.phase)
+        if config.watchers:
+            trace.watch_value(self, config.phase)
 
     def _start_grad(self, requires_grad: bool) -> None:
         """requires_grad for a floating-point tensor (an error for any other), and under
@@ -152,8 +153,9 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
-    hooks.created(output)
-    trace.record(config.phase, op, None)  # phase is "recompute" when a rematerializer runs it
+    if config.watchers:  # a trace timeline, record_tensors or observe_ops is open
+        hooks.created(output)
+        trace.record(config.phase, op, None)  # phase is "recompute" when a rematerializer runs it
     return output
 
 

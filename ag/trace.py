@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from .export import export_perfetto, export_torch_snapshot  # noqa: F401  (ag.trace.export_*)
+from .modes import watching
 
 if TYPE_CHECKING:  # the engine imports trace, so trace names Tensor only for the type checker
     from .tensor import Tensor
@@ -240,7 +241,8 @@ def tracing(device="cpu") -> Iterator[list[Snapshot]]:
     timeline: list[Snapshot] = []
     _timelines.append(timeline)
     try:
-        yield timeline
+        with watching():
+            yield timeline
     finally:
         _timelines[:] = [t for t in _timelines if t is not timeline]  # by identity, not ==
         if not _timelines:

@@ -200,3 +200,19 @@ def test_a_discarded_value_is_rematerialized_when_a_second_op_consumes_it(rng):
     assert h.value is None
     (first + second).backward()
     np.testing.assert_allclose(w.grad, 3 * np.exp(w.value))
+
+
+def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block_ends_cleanly():
+    from ag import hooks, trace
+    from ag.modes import config
+    x = ag.Tensor(np.ones(3), requires_grad=True)
+    seen = []
+    with pytest.raises(RuntimeError):
+        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.observe_ops(seen.append):
+            assert config.watchers == 3
+            y = ag.tanh(x)
+            raise RuntimeError("the block fails")
+    assert config.watchers == 0
+    assert made == [y] and seen == [y] and [s.label for s in timeline] == ["forward tanh"]
+    ag.exp(x)  # nothing watches now
+    assert made == [y] and seen == [y] and len(timeline) == 1
