@@ -151,7 +151,7 @@ def limited_by(op: str, setting: str, us: dict[tuple[str, str], dict[str, float]
         return "Python: ag's backward is interpreted closures, torch's one C++ autograd engine"
     numpy_us, graph = us[op, "forward, no graph"]["numpy"], us[op, setting]
     return (f"Python: NumPy's own call takes {numpy_us:.2f} µs ({numpy_us / graph['torch']:.0%} of torch's "
-            f"whole op), and ag's interpreted bookkeeping around it (operands, Tensor, graph, hooks) "
+            f"whole op), and ag's interpreted bookkeeping around it (operands, closure, Tensor, graph) "
             f"{graph['ag'] - numpy_us:.2f} µs, where torch's is one C++ dispatch")
 
 if __name__ == "__main__":
