@@ -67,10 +67,10 @@ class Tensor(TensorBase):
         self._graph_freed = False
         self._needed_by = 0                     # how many backward steps still read this value
         self._internal = False                  # made inside a block release_unneeded closed
+        if config.watchers:
+            trace.watch_value(self, config.phase)  # first: an eager grad takes the number its value got
         if requires_grad or config.eager_grads:
             self._start_grad(requires_grad)
-        if config.watchers:
-            trace.watch_value(self, config.phase)
 
     def _start_grad(self, requires_grad: bool) -> None:
         """requires_grad for a floating-point tensor (an error for any other), and under

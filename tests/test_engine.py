@@ -216,3 +216,13 @@ def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block
     assert made == [y] and seen == [y] and [s.label for s in timeline] == ["forward tanh"]
     ag.exp(x)  # nothing watches now
     assert made == [y] and seen == [y] and len(timeline) == 1
+
+
+def test_under_eager_grads_a_traced_tensors_grad_is_named_after_its_value():
+    from ag import trace
+    with ag.eager_grads(), trace.tracing() as timeline:
+        x = ag.Tensor(np.ones(3), requires_grad=True)
+        ag.tanh(x)
+    names = {(b.kind, b.name) for b in timeline[-1].buffers}
+    for kind, name in list(names):
+        assert ("value", name) in names and ("grad", name) in names, names
