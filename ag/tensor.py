@@ -137,10 +137,11 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     output = Tensor(value)
     output.op = op
     grad_inputs = ()
-    for t in inputs:
-        if t.requires_grad:
-            grad_inputs += (t,)
-    if grad_inputs and config.grad_enabled:
+    if config.grad_enabled:
+        for t in inputs:
+            if t.requires_grad:
+                grad_inputs += (t,)
+    if grad_inputs:
         output.requires_grad = True
         output.inputs = grad_inputs
         output._backward = backward
