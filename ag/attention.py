@@ -141,7 +141,7 @@ def softmax_block(s: np.ndarray, v: np.ndarray) -> SoftmaxBlock:
     p = np.exp(s - m)
     l = np.sum(p, axis=-1, keepdims=True)
     o = np.divide(p @ v, l, out=np.zeros(p.shape[:-1] + v.shape[-1:], dtype=np.result_type(p, v)),
-                  where=l > 0)
+                  where=l != 0)
     return SoftmaxBlock(o, m, l)
 
 
@@ -156,7 +156,7 @@ def merge_softmax_blocks(a: SoftmaxBlock, b: SoftmaxBlock) -> SoftmaxBlock:
     m = np.maximum(a.m, b.m)
     la, lb = np.exp(a.m - m) * a.l, np.exp(b.m - m) * b.l
     l = la + lb
-    o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l > 0)
+    o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l != 0)
     ### END SOLUTION
     return SoftmaxBlock(o, m, l)
 
@@ -458,7 +458,7 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
             acc *= alpha
             acc += np.matmul(p, vg[..., cols, :])
             m_i = m_new
-        np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
+        np.divide(acc, l_i, out=o[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
         with np.errstate(divide="ignore"):
             lse[..., rows] = (m_i + np.log(l_i))[..., 0]
         ### END SOLUTION
@@ -475,7 +475,7 @@ def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.n
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
-    lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
+    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION

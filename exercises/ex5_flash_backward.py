@@ -35,7 +35,7 @@ def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.n
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
-    lse_g = np.where(np.isfinite(lse_g), lse_g, np.inf)  # a row that saw nothing: P = 0
+    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     # YOUR CODE HERE

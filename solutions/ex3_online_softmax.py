@@ -28,7 +28,7 @@ def merge_softmax_blocks(a: SoftmaxBlock, b: SoftmaxBlock) -> SoftmaxBlock:
     m = np.maximum(a.m, b.m)
     la, lb = np.exp(a.m - m) * a.l, np.exp(b.m - m) * b.l
     l = la + lb
-    o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l > 0)
+    o = np.divide(la * a.o + lb * b.o, l, out=np.zeros_like(a.o), where=l != 0)
     return SoftmaxBlock(o, m, l)
 
 

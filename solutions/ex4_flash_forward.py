@@ -48,7 +48,7 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
             acc *= alpha
             acc += np.matmul(p, vg[..., cols, :])
             m_i = m_new
-        np.divide(acc, l_i, out=o[..., rows, :], where=l_i > 0)
+        np.divide(acc, l_i, out=o[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
         with np.errstate(divide="ignore"):
             lse[..., rows] = (m_i + np.log(l_i))[..., 0]
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])

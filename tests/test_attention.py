@@ -89,6 +89,27 @@ def test_non_causal_attention_is_invariant_to_permuting_keys_and_values_together
                                flash_attention(q, k, v, block_k=7), rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_nan_in_one_query_row_gives_nan_in_that_row_only_as_in_naive_attention(causal):
+    """Not 0: the guard against 0/0 for a row that sees nothing must not also swallow a NaN."""
+    q, k, v = qkv(40, 40, 8, 4, 2)
+    q[0, 1, 7, 3] = np.nan
+    weight = np.ones(q.shape)
+    with np.errstate(invalid="ignore"):
+        expected = grads_of(naive_attention, q, k, v, weight, causal=causal)
+        got = grads_of(flash_attention, q, k, v, weight, causal=causal, block_q=16, block_k=8)
+    nan_rows = np.isnan(got[0]).any(axis=-1)
+    assert nan_rows.sum() == 1 and nan_rows[0, 1, 7]
+    # o and dq everywhere; dk and dv (NaN for every key of that head's group) where no mask
+    # decides whether a masked-out score's NaN is multiplied by 0
+    pairs = [(got[0], expected[0]), (got[1][0], expected[1][0])]
+    if not causal:
+        pairs += list(zip(got[1][1:], expected[1][1:]))
+    for g, e in pairs:
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(e), rtol=0, atol=1e-10)
+
+
 def test_fully_masked_rows_give_zero_output_and_zero_gradients_not_nan():
     q, k, v = qkv(12, 5, 4, 2, 1)  # bottom-right: query i sees keys 0..i-7, rows 0..6 see nothing
     weight = np.ones(q.shape)

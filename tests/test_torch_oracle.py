@@ -143,6 +143,16 @@ def test_softmax_family_matches_torch(op, axis, seed):
                 normal((2, 3, 4), seed) * 3)
 
 
+def test_softmax_of_a_row_with_a_nan_is_nan_like_torch_and_a_fully_masked_row_is_zero():
+    x = np.array([[1.0, np.nan, 2.0], [1.0, 2.0, 3.0], [-np.inf, -np.inf, -np.inf]])
+    got = ag.softmax(ag.Tensor(x), axis=-1).value
+    expected = torch.softmax(torch.from_numpy(x), dim=-1).numpy()
+    np.testing.assert_array_equal(np.isnan(got[:2]), np.isnan(expected[:2]))
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-15)
+    # torch gives NaN for a row with nothing visible; ag gives zeros (lecture 4, masking)
+    np.testing.assert_array_equal(got[2], 0)
+
+
 # ---- elementwise unary ops ----
 
 UNARY_OPS = {
