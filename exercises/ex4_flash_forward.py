@@ -5,7 +5,9 @@ key/value tiles, keep the running max m_i, the running sum l_i and the unscaled 
 acc, divide once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled
 (scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one
 buffer that the next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key
-tiles a query tile can see.
+tiles a query tile can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum
+of a tile, as (rows, 1) columns (np.max and np.sum with keepdims=True give the same, more
+slowly).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex4_flash_forward.py

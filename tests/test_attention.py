@@ -331,6 +331,20 @@ def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [1, 7, 48, 512])
+def test_row_max_and_row_sum_of_a_tile_equal_numpys(cols, dtype):
+    from ag.attention import _Heads, _Tiles
+    tiles = _Tiles(_Heads((1,), 2, 2, 64, 512, 8), False, 0.5, 32, 48)
+    s = np.random.default_rng(cols).standard_normal((2, 32, cols)).astype(dtype)
+    s[0, 3] = -np.inf  # a row with nothing visible
+    np.testing.assert_array_equal(tiles.row_max(s), np.max(s, axis=-1, keepdims=True))
+    p = np.exp(s)
+    np.testing.assert_allclose(tiles.row_sum(p), np.sum(p, axis=-1, keepdims=True),
+                               rtol=4 * cols * np.finfo(dtype).eps)
+    assert tiles.row_sum(p).dtype == dtype and tiles.row_sum(p[:, :, :1]).shape == (2, 32, 1)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_default_key_tiles_are_512_in_an_unmasked_forward_and_256_otherwise(causal):
     from ag.attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED

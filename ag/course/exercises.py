@@ -84,7 +84,8 @@ EXERCISES = (
         "once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled (scale * Q_i); "
         "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
         "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
-        "can see.",
+        "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
+        "columns (np.max and np.sum with keepdims=True give the same, more slowly).",
         (("attention", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention import _Tiles",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
