@@ -363,6 +363,72 @@ def test_default_key_tiles_are_512_in_an_unmasked_forward_and_256_otherwise(caus
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
 
 
+def test_workers_keep_their_threads_between_calls():
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    import threading
+
+    def kept():
+        return {t for t in threading.enumerate() if t.name.startswith("ag-attention")}
+    arrays = qkv(32, 32, 8, 4, 4, dtype=np.float32)
+    flash_attention(*arrays, workers=3)
+    first = kept()  # (may still hold a thread of a smaller pool an earlier test made, ending)
+    assert first
+    for workers in (2, 3, 2, 3):
+        flash_attention(*arrays, workers=workers)
+    assert kept() <= first  # no thread started since
+    assert len(kept()) <= 2  # the calling thread runs one worker's share itself
+
+
+def _flash_in_a_forked_child(arrays, queue):
+    queue.put(flash_attention(*arrays, workers=2, block_q=32, block_k=32))
+
+
+def test_workers_run_in_a_child_forked_after_the_parent_used_them():
+    """The threads are kept between calls; a forked child has none of them, so it makes its own
+    (an old pool handed to the child would wait forever for threads that are not there)."""
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    import multiprocessing
+    arrays = qkv(64, 64, 8, 4, 4, dtype=np.float32)
+    expected = flash_attention(*arrays, workers=2, block_q=32, block_k=32)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_flash_in_a_forked_child, args=(arrays, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("failing", ["the calling thread", "a kept thread"])
+def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monkeypatch, failing):
+    threadpoolctl = pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    import threading
+    from ag import attention
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    before = blas_threads()
+    forward = attention.tiled_forward
+
+    def fails_on_one_thread(tiles, q, k, v):
+        kept = threading.current_thread().name.startswith("ag-attention")
+        if kept == (failing == "a kept thread"):
+            raise RuntimeError("a worker failed")
+        return forward(tiles, q, k, v)
+    monkeypatch.setattr(attention, "tiled_forward", fails_on_one_thread)
+    arrays = qkv(32, 32, 8, 4, 4, dtype=np.float32)
+    for _ in range(2):  # the kept threads still work after a failure
+        with pytest.raises(RuntimeError, match="a worker failed"):
+            flash_attention(*arrays, workers=2)
+        assert blas_threads() == before
+    monkeypatch.setattr(attention, "tiled_forward", forward)
+    assert np.array_equal(flash_attention(*arrays, workers=2), flash_attention(*arrays, workers=1))
+
+
 @pytest.mark.parametrize("workers", [0, -2, 1.5, True, "2"])
 def test_a_bad_number_of_workers_is_refused(workers):
     q = np.ones((1, 2, 4, 4), np.float32)
