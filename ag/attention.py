@@ -290,35 +290,12 @@ def _kv_heads(a: int, b: int, group: int, q, k, v):
 
 
 def _in_parallel(jobs: list) -> list:
-    """Run the jobs, one thread each, with BLAS at one thread; the first runs on this thread. A
-    lone job runs here, as it is (BLAS keeps its threads)."""
+    """Run the jobs, one thread each, with BLAS at one thread; one job runs here, as it is."""
     if len(jobs) == 1:
         return [jobs[0]()]
-    from concurrent.futures import wait
-    with _blas_threads().limit(limits=1, user_api="blas"):
-        pool = _thread_pool(len(jobs) - 1)
-        others = [pool.submit(job) for job in jobs[1:]]
-        try:
-            first = jobs[0]()
-        finally:
-            wait(others)  # none still runs once BLAS has its threads back, even if this one raised
-        return [first] + [f.result() for f in others]
-
-
-_POOL: tuple[int, int, object] | None = None  # (the process it was made in, its threads, the pool)
-
-
-def _thread_pool(threads: int):
-    """Threads kept between calls: starting them took 0.2 ms a call, 1.5% of a forward at N = 1024.
-    A forked child gets a new pool, since the parent's threads are not in it. A pool replaced by a
-    larger one is not shut down: a caller may still be submitting to it, and its threads end once
-    nothing refers to it."""
-    global _POOL
-    pool = _POOL
-    if pool is None or pool[0] != os.getpid() or pool[1] < threads:
-        from concurrent.futures import ThreadPoolExecutor
-        pool = _POOL = (os.getpid(), threads, ThreadPoolExecutor(threads, thread_name_prefix="ag-attention"))
-    return pool[2]
+    from concurrent.futures import ThreadPoolExecutor
+    with _blas_threads().limit(limits=1, user_api="blas"), ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
 
 
 @functools.cache
