@@ -307,15 +307,22 @@ def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None
     print()
     for what, rows in (("forward", forward_rows), ("forward + backward", step_rows)):
         for column, peer, limit, limited_by in ((8, "naive", NAIVE_GOAL, "the exp and max passes over each tile"),
-                                                (10, "torch SDPA", TORCH_GOAL, TORCH_LIMIT)):
+                                                (10, "torch SDPA", TORCH_GOAL, torch_limit())):
             worst = max(rows, key=lambda r: float(r[column]))
             goal(f"flash / {peer}, {what}, worst of {len(rows)} rows (N = {worst[0]}, {worst[1]})",
                  float(worst[column]), limit, limited_by=limited_by)
 
 
-TORCH_LIMIT = ("BLAS on tiles: one core's sgemm with K = d = 64 runs at ~100 GFLOP/s on a tile, so QK^T and PV "
-               "alone cost ~0.8 x torch's whole fused kernel; NumPy's max, subtract, exp and sum add a pass each, "
-               "and at small N the per-call Python, threads and joins weigh more")
+def torch_limit() -> str:
+    """What limits flash against torch SDPA, with the BLAS kernels this run had."""
+    from mlp import numpy_blas_kernels
+    limit = ("BLAS on tiles: QK^T and PV, one core's sgemm with K = d = 64 each, are most of the loop; NumPy's "
+             "fmax, subtract and exp add a pass over each tile, and at small N starting the worker threads and "
+             f"joining O weigh more. numpy's BLAS kernels: {numpy_blas_kernels()}")
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        limit += ("; on the AMD EPYC, AVX2 (Haswell) kernels take the products 1.8 x as long as OpenBLAS's "
+                  "own pick, AVX-512 (SkylakeX): BENCHMARKS.md")
+    return limit
 
 
 # ---- 3. peak memory of one step ----

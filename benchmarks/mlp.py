@@ -191,6 +191,19 @@ def numpy_blas_name() -> str:
         return "unknown"
 
 
+def numpy_blas_kernels() -> str:
+    """Which kernels NumPy's OpenBLAS runs (its 'architecture'), and whether the environment chose
+    them: OPENBLAS_CORETYPE overrides OpenBLAS's own pick, e.g. AVX2 kernels on an AVX-512 CPU."""
+    try:
+        import threadpoolctl
+        info = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
+    except ImportError:
+        return "unknown (threadpoolctl not installed)"
+    kernels = info[0].get("architecture") or "unknown" if info else "not OpenBLAS"
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"{kernels} (set by OPENBLAS_CORETYPE={forced})" if forced else f"{kernels} (OpenBLAS's own pick)"
+
+
 def machine_lines() -> list[str]:
     import platform
 
@@ -207,6 +220,7 @@ def machine_lines() -> list[str]:
         f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {numpy_blas_name()}), "
         f"torch {torch.__version__}",
         f"threads: numpy BLAS {threads} [{how}], torch.get_num_threads() {torch.get_num_threads()}",
+        f"numpy's BLAS kernels: {numpy_blas_kernels()}",
     ]
 
 
