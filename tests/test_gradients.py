@@ -162,6 +162,18 @@ def test_relu_grad_is_zero_for_negative_inputs_and_one_for_positive():
     np.testing.assert_array_equal(x.grad, [0.0, 0.0, 1.0, 1.0])
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.longdouble, np.int8, np.int64,
+                                   np.uint8, np.complex64])
+def test_relu_keeps_the_dtype_and_equals_numpys_maximum_with_0(dtype):
+    x = np.array([-2, -0.0, 0, 3, np.nan] if np.dtype(dtype).kind == "f" else [-2, 0, 3]).astype(dtype)
+    got = ag.relu(ag.Tensor(x)).value
+    expected = np.maximum(x, 0)
+    assert got.dtype == expected.dtype == x.dtype
+    np.testing.assert_array_equal(got, expected)
+    if x.dtype.kind in "iuf":
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
 def test_sigmoid_grad_matches_finite_differences_far_from_zero():
     grad_check(ag.sigmoid, np.array([-30.0, -8.0, 8.0, 30.0]), rtol=1e-5, atol=1e-12)
 
