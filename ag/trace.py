@@ -412,13 +412,15 @@ def count_ops() -> Iterator[OpCounts]:
     counts = OpCounts()
     _counters.append(counts)
     try:
-        yield counts
+        with watching():  # the ops call count_matmul only while something watches
+            yield counts
     finally:
         _counters[:] = [c for c in _counters if c is not counts]
 
 
 def count_matmul(phase: str, flops: int) -> None:
-    """Called by the ops for every matrix product; a no-op unless ``count_ops`` is open."""
+    """Called for every matrix product while something watches (``modes.watching``); a no-op
+    unless ``count_ops`` is open."""
     for counts in _counters:
         counts.matmuls[phase] += 1
         counts.flops[phase] += flops

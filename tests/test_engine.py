@@ -208,14 +208,17 @@ def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block
     x = ag.Tensor(np.ones(3), requires_grad=True)
     seen = []
     with pytest.raises(RuntimeError):
-        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.observe_ops(seen.append):
-            assert config.watchers == 3
+        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.observe_ops(seen.append), \
+                ag.count_ops() as counts:
+            assert config.watchers == 4
             y = ag.tanh(x)
+            ag.matmul(x, x)
             raise RuntimeError("the block fails")
     assert config.watchers == 0
-    assert made == [y] and seen == [y] and [s.label for s in timeline] == ["forward tanh"]
-    ag.exp(x)  # nothing watches now
-    assert made == [y] and seen == [y] and len(timeline) == 1
+    assert len(made) == 2 and made[0] is y and seen == made and counts.matmuls["forward"] == 1
+    assert [s.label for s in timeline] == ["forward tanh", "forward matmul"]
+    ag.exp(x @ x)  # nothing watches now
+    assert len(made) == 2 and seen == made and counts.matmuls["forward"] == 1 and len(timeline) == 2
 
 
 def test_under_eager_grads_a_traced_tensors_grad_is_named_after_its_value():
