@@ -199,7 +199,7 @@ def numpy_blas_kernels() -> str:
         info = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
     except ImportError:
         return "unknown (threadpoolctl not installed)"
-    kernels = info[0].get("architecture") or "unknown" if info else "not OpenBLAS"
+    kernels = (info[0].get("architecture") or "unknown") if info else "not OpenBLAS"
     forced = os.environ.get("OPENBLAS_CORETYPE")
     return f"{kernels} (set by OPENBLAS_CORETYPE={forced})" if forced else f"{kernels} (OpenBLAS's own pick)"
 
