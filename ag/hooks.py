@@ -24,21 +24,12 @@ def observe_ops(callback: Callable) -> Iterator[None]:
     """Call ``callback(output)`` for every op output made inside the block, from inside the op:
     ``sys._getframe(3)`` in the callback is the op's own frame (``ag.remat.capture`` reads the
     op's arguments there)."""
-    _observers.append(callback)
-    try:
-        with watching():
-            yield
-    finally:
-        _observers[:] = [c for c in _observers if c is not callback]
+    with watching(_observers, callback):
+        yield
 
 
 @contextlib.contextmanager
 def record_tensors() -> Iterator[list]:
     """Collect, in order, every Tensor that an op creates inside the block (with or without grad)."""
-    made: list = []
-    _recorders.append(made)
-    try:
-        with watching():
-            yield made
-    finally:
-        _recorders[:] = [r for r in _recorders if r is not made]  # by identity: empty lists are equal
+    with watching(_recorders, []) as made:
+        yield made

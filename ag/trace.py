@@ -238,13 +238,10 @@ def tracing(device="cpu") -> Iterator[list[Snapshot]]:
     >>> [s.label for s in timeline]   # ['forward matmul', 'forward relu', ..., 'backward matmul']
     """
     start_trace(device)
-    timeline: list[Snapshot] = []
-    _timelines.append(timeline)
     try:
-        with watching():
+        with watching(_timelines, []) as timeline:
             yield timeline
     finally:
-        _timelines[:] = [t for t in _timelines if t is not timeline]  # by identity, not ==
         if not _timelines:
             _forget_tensors()
         end_trace()
@@ -409,13 +406,8 @@ def count_ops() -> Iterator[OpCounts]:
 
     Only products count: elementwise ops are O(size) and vanish next to them.
     """
-    counts = OpCounts()
-    _counters.append(counts)
-    try:
-        with watching():  # the ops call count_matmul only while something watches
-            yield counts
-    finally:
-        _counters[:] = [c for c in _counters if c is not counts]
+    with watching(_counters, OpCounts()) as counts:  # the ops call count_matmul only while watched
+        yield counts
 
 
 def count_matmul(phase: str, flops: int) -> None:
