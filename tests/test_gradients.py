@@ -174,6 +174,22 @@ def test_relu_keeps_the_dtype_and_equals_numpys_maximum_with_0(dtype):
         np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64, np.int8, np.uint8, np.bool_])
+@pytest.mark.parametrize("shape", [(), (0,), (4,), (3, 5), (2, 3, 4), (1000, 37)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_sum_equals_numpys_sum_bit_for_bit_in_its_dtype_and_shape(dtype, shape, keepdims):
+    x = np.asarray(np.random.default_rng(0).normal(0, 50, shape)).astype(dtype)
+    if x.size and x.dtype.kind == "f":
+        x.flat[0] = -0.0
+    for axis in [None, tuple(range(x.ndim))] + list(range(x.ndim)):
+        got = ag.sum(ag.Tensor(x), axis=axis, keepdims=keepdims).value
+        expected = x.sum(axis=axis, keepdims=keepdims)
+        assert type(got) is np.ndarray and got.dtype == expected.dtype and got.shape == np.shape(expected)
+        np.testing.assert_array_equal(got, expected)
+        if x.dtype.kind == "f":
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
 def test_sigmoid_grad_matches_finite_differences_far_from_zero():
     grad_check(ag.sigmoid, np.array([-30.0, -8.0, 8.0, 30.0]), rtol=1e-5, atol=1e-12)
 

@@ -48,10 +48,13 @@ def broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
                          "(trailing dimensions must be equal or 1)") from None
 
 
+_ALL_AXES = tuple(tuple(range(ndim)) for ndim in range(33))  # axis=None, made once per ndim
+
+
 def normalize_axes(op: str, axis, ndim: int) -> tuple[int, ...]:
     """Normalize ``axis`` (None, int or tuple) to sorted non-negative axes, or raise."""
     if axis is None:
-        return tuple(range(ndim))
+        return _ALL_AXES[ndim] if ndim < len(_ALL_AXES) else tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     for ax in axes:
         if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
