@@ -371,7 +371,8 @@ class _Tiles:
         return q[..., rows, :] * q.dtype.type(self.scale)
 
     def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
-        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf (q_i comes scaled).
+        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf whatever they were (q_i comes
+        scaled; a NaN in a key a row cannot see must not reach that row, as it would through + -inf).
 
         Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory: the
         next call overwrites it. A fresh tile-sized array each step cost a worker's forward 10% at
@@ -380,7 +381,7 @@ class _Tiles:
                       out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], np.result_type(q_i, k_j)))
         mask = self.mask(q_start, k_start, s.shape[-2], s.shape[-1], s.dtype)
         if mask is not None:
-            s += mask
+            np.fmin(s, mask, out=s)
         return s
 
     def _score_tile(self, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -429,15 +430,17 @@ class _Tiles:
             count_matmul(config.phase, 2 * area * h.d * heads)
 
     def mask(self, q_start: int, k_start: int, rows: int, cols: int, dtype) -> np.ndarray | None:
-        """The causal mask of one tile as an additive (rows, cols) tile of 0 and -inf; None when
-        every query of the tile sees every key of it. Tiles on the same diagonal share one."""
+        """The causal mask of one tile as a (rows, cols) bound for ``np.fmin``: NaN where the query
+        sees the key, -inf where it does not. fmin takes the operand that is not NaN, so fmin(s, NaN)
+        is s (a NaN score stays NaN) and fmin(s, -inf) is -inf (a NaN score too), at the cost of one
+        add. None when every query of the tile sees every key of it. Tiles on a diagonal share one."""
         if not self.causal or k_start + cols - 1 <= q_start + self.offset:
             return None
         key = (k_start - q_start, rows, cols, np.dtype(dtype))
         if key not in self._masks:
             visible = _visible(self.causal, np.arange(q_start, q_start + rows),
                                np.arange(k_start, k_start + cols), self.heads.n_q, self.heads.n_k)
-            self._masks[key] = np.where(visible, 0, -np.inf).astype(dtype)
+            self._masks[key] = np.where(visible, np.nan, -np.inf).astype(dtype)
         return self._masks[key]
 
 

@@ -439,7 +439,7 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
     sw = np.swapaxes
     rows, cols = np.arange(block_q), np.arange(block_k)
     visible = cols[None, :] <= rows[:, None]
-    additive = np.where(visible, 0, -np.inf).astype(np.float32)
+    bound = np.where(visible, np.nan, -np.inf).astype(np.float32)  # fmin's: keeps S where visible
 
     def ag_mask():
         v = attention._visible(True, rows, cols, block_q, block_k)
@@ -481,8 +481,8 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
         ("bwd", "dK_j += Σ_group dSᵀ Q_i", lambda: np.add(t["dk"], np.sum(np.matmul(sw(p, -1, -2), t["q_i"]),
                                                                            axis=-3, keepdims=True), out=t["dk"]),
          "no Σ when group = 1", lambda: np.add(t["dk"], np.matmul(sw(p, -1, -2), t["q_i"]), out=t["dk"])),
-        ("causal", "diagonal tile: S[~visible] = -inf", ag_mask, "S += additive 0/-inf tile (cached)",
-         lambda: np.add(s, additive, out=buf)),
+        ("causal", "diagonal tile: S = fmin(S, NaN/-inf tile)", lambda: np.fmin(s, bound, out=buf),
+         "S[~visible] = -inf", ag_mask),
         ("causal", "other tiles: build mask, .all()", ag_mask_check, "compare k_start + block_k with q_start",
          lambda: block_k <= block_q),
     ]

@@ -110,6 +110,23 @@ def test_a_nan_in_one_query_row_gives_nan_in_that_row_only_as_in_naive_attention
         np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(e), rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("causal, n_q", [(True, 40), ("bottom_right", 24)])
+def test_a_nan_in_a_key_reaches_only_the_rows_that_see_it_as_in_naive_attention(causal, n_q):
+    """A masked score is -inf whatever Q Kᵀ gave: adding a -inf mask left NaN + (-inf) = NaN, and a
+    NaN in key 30 reached the rows of its diagonal tile that cannot see it."""
+    q, k, v = qkv(n_q, 40, 8, 4, 2)
+    k[0, 1, 30, 3] = np.nan
+    with np.errstate(invalid="ignore"):
+        expected = naive_attention(q, k, v, causal=causal)
+        got, lse = flash_attention(q, k, v, causal=causal, block_q=16, block_k=16, return_lse=True)
+    first_to_see = 30 - (40 - n_q if causal == "bottom_right" else 0)
+    blind = np.arange(n_q) < first_to_see
+    assert np.isfinite(got[0, 2:4][:, blind]).all() and np.isfinite(lse[0, 2:4][:, blind]).all()
+    assert np.isnan(got[0, 2:4][:, ~blind]).all(axis=-1).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(expected), rtol=0, atol=1e-12)
+
+
 def test_fully_masked_rows_give_zero_output_and_zero_gradients_not_nan():
     q, k, v = qkv(12, 5, 4, 2, 1)  # bottom-right: query i sees keys 0..i-7, rows 0..6 see nothing
     weight = np.ones(q.shape)
@@ -436,5 +453,5 @@ def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypa
         assert all(np.shares_memory(part[0][0], s) for s, *_ in part[1:])
     for _, values, tiles, q_i, k_j, q_start, k_start in handed_out:
         expected = q_i @ np.swapaxes(k_j, -1, -2)
-        mask = tiles.mask(q_start, k_start, *expected.shape[-2:], expected.dtype)
-        np.testing.assert_array_equal(values, expected if mask is None else expected + mask)
+        rows, cols = np.arange(expected.shape[-2]) + q_start, np.arange(expected.shape[-1]) + k_start
+        np.testing.assert_array_equal(values, np.where(cols[None, :] > rows[:, None], -np.inf, expected))
