@@ -240,9 +240,10 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     chunks = _head_chunks(heads.h_kv, _workers(workers))
 
     def forward(q, k, v):
-        parts = _in_parallel([lambda a=a, b=b: tiled_forward(forward_tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v))
-                              for a, b in chunks])
-        forward_tiles.free_buffers()  # nothing tile-sized stays alive between forward and backward
+        own = _worker_tiles(forward_tiles, chunks, np.result_type(q, k, v))
+        parts = _in_parallel([lambda a=a, b=b, t=t: tiled_forward(t, *_kv_heads(a, b, heads.group, q, k, v))
+                              for (a, b), t in zip(chunks, own)])
+        _free_buffers(own)  # nothing tile-sized stays alive between forward and backward
         forward_tiles.count_products(2)  # S = QKᵀ, PV
         return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
 
@@ -250,16 +251,36 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
         # each worker adds into its heads' share of grads in the inputs' own shapes: no joining copy
         grads = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
 
-        def part(a: int, b: int):
+        def part(a: int, b: int, own: _Tiles):
             rows = slice(a * heads.group, b * heads.group)
-            tiled_backward(tiles.of_heads(a, b), *_kv_heads(a, b, heads.group, q, k, v),
+            tiled_backward(own, *_kv_heads(a, b, heads.group, q, k, v),
                            o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :],
                            grads=_kv_heads(a, b, heads.group, *grads))
-        _in_parallel([lambda a=a, b=b: part(a, b) for a, b in chunks])
-        tiles.free_buffers()
+        own = _worker_tiles(tiles, chunks, np.result_type(q, k, v))
+        _in_parallel([lambda a=a, b=b, t=t: part(a, b, t) for (a, b), t in zip(chunks, own)])
+        _free_buffers(own)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
+
+
+def _worker_tiles(tiles: _Tiles, chunks: list[tuple[int, int]], dtype) -> list[_Tiles]:
+    """Each worker's tiles, their score buffers allocated here on the caller's thread.
+
+    A buffer a worker allocates comes from that thread's malloc arena, and threads start fresh
+    each call: an arena that had given its pages back made the call fault 1,000 pages in again,
+    1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark turns (0 of 80 this way;
+    BENCHMARKS.md, "History")."""
+    own = [tiles.of_heads(a, b) for a, b in chunks]
+    for t in own:
+        t.reserve_scores(dtype)
+    return own
+
+
+def _free_buffers(own: list[_Tiles]) -> None:
+    """Free the workers' tile buffers once every worker is done, on the caller's thread too."""
+    for t in own:
+        t.free_buffers()
 
 
 def _workers(workers) -> int:
@@ -383,6 +404,11 @@ class _Tiles:
         if mask is not None:
             np.fmin(s, mask, out=s)
         return s
+
+    def reserve_scores(self, dtype) -> None:
+        """Allocate S_ij's buffer now, at the size of a full tile, so that no step allocates it."""
+        h = self.heads
+        self._score_tile(h.lead + (h.h_kv, h.group, min(self.block_q, h.n_q), min(self.block_k, h.n_k)), dtype)
 
     def _score_tile(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         size = math.prod(shape)

@@ -1,5 +1,6 @@
 """ag.attention: FlashAttention's tiled path against the standard one, PyTorch, and the math."""
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -431,6 +432,30 @@ def test_a_bad_number_of_workers_is_refused(workers):
     q = np.ones((1, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="workers must be a positive integer or None"):
         flash_attention(q, q, q, workers=workers)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_workers_score_buffers_are_allocated_and_freed_on_the_callers_thread(monkeypatch, causal):
+    """Allocated on a worker's fresh thread, they came from its malloc arena, which had sometimes
+    given its pages back: 1,000 page faults in a call (BENCHMARKS.md, "History")."""
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention
+    allocated_on, used = [], []
+    score_tile = attention._Tiles._score_tile
+
+    def spy(self, shape, dtype):
+        before = self._scores
+        s = score_tile(self, shape, dtype)
+        if self._scores is not before:
+            allocated_on.append(threading.get_ident())
+        used.append(self)
+        return s
+    monkeypatch.setattr(attention._Tiles, "_score_tile", spy)
+    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys
+    tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+    ag.sum(flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)).backward()
+    assert len(allocated_on) == 4 and set(allocated_on) == {threading.get_ident()}  # 2 workers, 2 passes
+    assert len({id(t) for t in used}) == 4 and all(t._scores is None for t in used)
 
 
 def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):
