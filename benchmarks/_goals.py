@@ -13,10 +13,21 @@ def verdict(ratio: float, goal: float, resolution: float = 0.0) -> str:
     return "met" if ratio <= goal + resolution else "missed"
 
 
+def shown(ratio: float, goal: float, resolution: float = 0.0, digits: int = 2) -> str:
+    """``ratio`` with ``digits`` decimals, or as many more as it takes for the text to get the
+    ratio's own verdict: 1.2038 against a goal of 1.2 reads 1.204, not 1.20 next to "missed".
+    A goal line reads its ratio back from a table's text, so the text must decide as the value does."""
+    for places in range(digits, 10):
+        text = f"{ratio:.{places}f}"
+        if verdict(float(text), goal, resolution) == verdict(ratio, goal, resolution):
+            return text
+    return repr(ratio)
+
+
 def goal(what: str, ratio: float, limit: float, *, limited_by: str = "", resolution: float = 0.0) -> str:
     """Print (and return) the goal line for ``what``: ``ratio`` against ``limit``."""
     result = verdict(ratio, limit, resolution)
-    line = f"goal: {what} = {ratio:.2f} (goal <= {limit:g}): {result}"
+    line = f"goal: {what} = {shown(ratio, limit, resolution)} (goal <= {limit:g}): {result}"
     if result == "missed" and limited_by:
         line += f"; limited by {limited_by}"
     print(line)

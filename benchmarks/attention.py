@@ -50,7 +50,7 @@ from _memory import rss_peak_of, run_worker  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
-from _goals import goal, verdict  # noqa: E402
+from _goals import goal, shown, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
 MB = 10**6
@@ -278,7 +278,8 @@ def time_row(n: int, causal: bool, what: str, times: dict, passes: float) -> lis
     runs = "/".join(str(len(times[f"{name} {what}"])) for name in ("flash", "naive", "torch"))
     return [str(n), mask_name(causal)] + [f"{m[x] * 1e3:.0f}" for x in ("flash", "naive", "torch")] + \
         [f"{flops(n, causal, passes) / m[x] / 1e9:.0f}" for x in ("flash", "naive", "torch")] + \
-        [f"{to_naive:.2f}", verdict(to_naive, NAIVE_GOAL), f"{to_torch:.2f}", verdict(to_torch, TORCH_GOAL),
+        [shown(to_naive, NAIVE_GOAL), verdict(to_naive, NAIVE_GOAL), shown(to_torch, TORCH_GOAL),
+         verdict(to_torch, TORCH_GOAL),
          f"{best['flash'] / best['naive']:.2f}", f"{best['flash'] / best['torch']:.2f}", runs]
 
 
@@ -358,9 +359,9 @@ def memory_row(n: int, causal: bool, blocks: dict) -> list[str]:
     rss = mem["flash"]["rss_peak"] / mem["naive"]["rss_peak"]
     return [str(n), mask_name(causal), f"{H * n * n * 4 / MB:.0f}",
             f"{mem['flash']['tracemalloc_peak'] / MB:.1f}", f"{mem['naive']['tracemalloc_peak'] / MB:.0f}",
-            f"{traced:.4f}", verdict(traced, MEMORY_GOAL),
+            shown(traced, MEMORY_GOAL, digits=4), verdict(traced, MEMORY_GOAL),
             f"{mem['flash']['rss_peak'] / MB:.1f}", f"{mem['naive']['rss_peak'] / MB:.0f}",
-            f"{mem['torch']['rss_peak'] / MB:.1f}", f"{rss:.4f}", verdict(rss, MEMORY_GOAL),
+            f"{mem['torch']['rss_peak'] / MB:.1f}", shown(rss, MEMORY_GOAL, digits=4), verdict(rss, MEMORY_GOAL),
             f"{mem['flash']['rss_peak'] / mem['torch']['rss_peak']:.2f}"]
 
 

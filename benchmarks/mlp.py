@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _timing import take_turns  # noqa: E402
-from _goals import goal, verdict  # noqa: E402
+from _goals import goal, shown, verdict  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 
 MB = 10**6
@@ -244,7 +244,7 @@ def time_row(dtype: str, args) -> list[str]:
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]
-    return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", f"{ratio:.2f}",
+    return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", shown(ratio, TIME_GOAL),
             verdict(ratio, TIME_GOAL), f"{best['ag'] * 1e3:.0f}", f"{best['torch'] * 1e3:.0f}",
             f"{best['ag'] / best['torch']:.2f}", f"{worst:.1e}"]
 
@@ -253,7 +253,8 @@ def memory_row(dtype: str, args) -> list[str]:
     mem_a, mem_t = measure_memory("ag", dtype, args), measure_memory("torch", dtype, args)
     ratio = mem_a["rss_peak"] / mem_t["rss_peak"]
     return [dtype, f"{mem_a['tracemalloc_peak'] / MB:.1f}", f"{mem_a['rss_peak'] / MB:.1f}",
-            f"{mem_t['rss_peak'] / MB:.1f}", f"{ratio:.3f}", verdict(ratio, MEMORY_GOAL, MEMORY_RESOLUTION),
+            f"{mem_t['rss_peak'] / MB:.1f}", shown(ratio, MEMORY_GOAL, MEMORY_RESOLUTION, digits=3),
+            verdict(ratio, MEMORY_GOAL, MEMORY_RESOLUTION),
             f"{mem_a['rss_after'] / MB:.0f} / {mem_t['rss_after'] / MB:.0f}"]
 
 

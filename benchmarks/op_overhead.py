@@ -44,7 +44,8 @@ def numpy_op(name: str, a: np.ndarray, b: np.ndarray) -> Callable[[], object]:
     a float sum to one number is written into a 0-d array)."""
     zero = np.zeros((), a.dtype)
     return {"add": lambda: a + b, "mul": lambda: a * b, "matmul": lambda: a.dot(b),
-            "relu": lambda: np.maximum(a, zero), "sum": lambda: np.add.reduce(a, (0,), None, np.empty((), a.dtype))}[name]
+            "relu": lambda: np.maximum(a, zero),
+            "sum": lambda: np.add.reduce(a, (0,), None, np.empty((), a.dtype))}[name]
 
 
 def ag_op(name: str, a: ag.Tensor, b: ag.Tensor) -> Callable[[], ag.Tensor]:

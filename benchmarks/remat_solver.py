@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _memory import rss_peak_of, run_worker  # noqa: E402
-from _goals import verdict  # noqa: E402
+from _goals import shown, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 from transformer import torch_model  # noqa: E402
 
@@ -188,8 +188,8 @@ def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], 
         ratio = "-"
         if name in peers:
             r = rss[name] / rss[peers[name]]
-            ratio = f"{r:.2f}"
-            goals.append(f"goal: {name} peak / {peers[name]} peak = {r:.2f} (goal <= 1.1): {verdict(r, 1.10)}")
+            ratio = shown(r, 1.10)
+            goals.append(f"goal: {name} peak / {peers[name]} peak = {ratio} (goal <= 1.1): {verdict(r, 1.10)}")
         s = schedules.get(name.removeprefix("ag "))
         rows.append([name, f"{tracemalloc_peak[name] / MB:.2f}" if name in tracemalloc_peak else "-",
                      f"{rss[name] / MB:.2f}", "-" if s is None or name.startswith("torch") else

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 from _timing import take_turns  # noqa: E402
-from _goals import goal  # noqa: E402
+from _goals import goal, shown  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
 MB = 10**6
@@ -238,7 +238,7 @@ def time_table(times: dict[str, list[float]]) -> list[list[str]]:
     rows = []
     for mode in MODES:
         a, t = f"ag {mode}", f"torch {mode}"
-        rows.append([mode, TORCH_PLAN[mode], f"{med[a] * 1e3:.0f}", f"{med[t] * 1e3:.0f}", f"{med[a] / med[t]:.2f}",
+        rows.append([mode, TORCH_PLAN[mode], f"{med[a] * 1e3:.0f}", f"{med[t] * 1e3:.0f}", shown(med[a] / med[t], GOAL),
                      f"{best[a] * 1e3:.0f}", f"{best[t] * 1e3:.0f}", f"{best[a] / best[t]:.2f}",
                      f"{med[a] / med['ag none']:.2f}", f"{med[t] / med['torch none']:.2f}"])
     return rows
@@ -288,7 +288,7 @@ def memory_table(args) -> list[list[str]]:
         saved_a = 1 - a["rss_peak"] / mem[("ag", "none")]["rss_peak"]
         saved_t = 1 - t["rss_peak"] / mem[("torch", "none")]["rss_peak"]
         rows.append([mode, f"{a['tracemalloc_peak'] / MB:.1f}", f"{a['rss_peak'] / MB:.1f}",
-                     f"{t['rss_peak'] / MB:.1f}", f"{a['rss_peak'] / t['rss_peak']:.2f}",
+                     f"{t['rss_peak'] / MB:.1f}", shown(a['rss_peak'] / t['rss_peak'], GOAL),
                      "" if mode == "none" else f"{saved_a:.0%}", "" if mode == "none" else f"{saved_t:.0%}",
                      f"{a['rss_after'] / MB:.0f} / {t['rss_after'] / MB:.0f}"])
     return rows
