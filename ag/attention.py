@@ -256,7 +256,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
             tiled_backward(own, *_kv_heads(a, b, heads.group, q, k, v),
                            o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :],
                            grads=_kv_heads(a, b, heads.group, *grads))
-        own = _worker_tiles(tiles, chunks, np.result_type(q, k, v))
+        own = _worker_tiles(tiles, chunks)  # each allocates its S buffer after D's temporary is gone
         _in_parallel([lambda a=a, b=b, t=t: part(a, b, t) for (a, b), t in zip(chunks, own)])
         _free_buffers(own)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
@@ -264,16 +264,18 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     return forward, backward
 
 
-def _worker_tiles(tiles: _Tiles, chunks: list[tuple[int, int]], dtype) -> list[_Tiles]:
-    """Each worker's tiles, their score buffers allocated here on the caller's thread.
+def _worker_tiles(tiles: _Tiles, chunks: list[tuple[int, int]], dtype=None) -> list[_Tiles]:
+    """Each worker's tiles; given a ``dtype``, their score buffers allocated here on the caller's thread.
 
     A buffer a worker allocates comes from that thread's malloc arena, and threads start fresh
     each call: an arena that had given its pages back made the call fault 1,000 pages in again,
     1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark turns (0 of 80 this way;
-    BENCHMARKS.md, "History")."""
+    BENCHMARKS.md, "History"). The forward holds O and L from its start, so a buffer allocated
+    before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
     own = [tiles.of_heads(a, b) for a, b in chunks]
-    for t in own:
-        t.reserve_scores(dtype)
+    if dtype is not None:
+        for t in own:
+            t.reserve_scores(dtype)
     return own
 
 
