@@ -20,6 +20,6 @@ def test_a_ratio_as_shown_gets_the_verdict_of_the_ratio_itself(limit, resolution
         assert len(text.split(".")[1]) >= digits and abs(float(text) - ratio) <= 0.5 * 10 ** -digits
 
 
-def test_a_goal_line_just_over_its_goal_says_missed_with_the_digits_that_show_it(capsys):
+def test_a_goal_line_just_over_its_goal_says_missed_with_the_digits_that_show_it():
     assert goal("flash / torch", 1.2038, 1.2).endswith("= 1.204 (goal <= 1.2): missed")
     assert goal("flash / torch", 1.1951, 1.2).endswith("= 1.20 (goal <= 1.2): met")
