@@ -130,6 +130,22 @@ def test_fully_masked_rows_give_zero_output_zero_gradients_and_minus_infinite_ls
     assert np.isneginf(lse_bf16[..., :70]).all() and not np.isnan(o_bf16).any()
 
 
+def test_a_nan_reaches_the_rows_that_see_it_and_no_other_as_on_the_numpy_path(fresh):
+    """A NaN in query row 7 makes that row of O NaN (the guard against 0/0 was l > 0, which also
+    caught l = NaN and wrote 0), and a NaN in key 30 reaches only the causal rows that see it."""
+    rng, seed = fresh
+    q, k, v, _ = inputs(rng, 40, 40, 64, 4, 2)
+    q[0, 1, 7, 3] = np.nan
+    k[1, 1, 30, 5] = np.nan  # key/value head 1 serves query heads 2 and 3
+    with np.errstate(invalid="ignore"):
+        want = flash_attention(q, k, v, causal=True)
+    assert np.isnan(want[0, 1, 7]).all() and np.isnan(want[1, 2:, 30:]).all() and np.isnan(want).sum() == 21 * 64
+    cp = cupy()
+    for forward in (attention_cupy.forward, attention_cupy.forward_bf16):
+        o = forward(*(cp.asarray(x) for x in (q, k, v)), causal=True)[0].get()
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(want), err_msg=f"{forward.__name__} (seed {seed})")
+
+
 def test_no_key_at_all_gives_zero_output_and_zero_query_gradients(fresh):
     rng, seed = fresh
     q, k, v, do = inputs(rng, 9, 0, 16, 2, 1)

@@ -171,7 +171,7 @@ flash_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const fl
         if (row >= n_q) continue;
         for (int e = 0; e < DCOLS; ++e) {
             int col = tx + e * TX;
-            if (col < HEAD_DIM) o[(long long)row * HEAD_DIM + col] = l_i[r] > 0.f ? acc[r][e] / l_i[r] : 0.f;
+            if (col < HEAD_DIM) o[(long long)row * HEAD_DIM + col] = l_i[r] != 0.f ? acc[r][e] / l_i[r] : 0.f;  // 0: saw nothing; NaN stays NaN
         }
         if (tx == 0) lse[row] = m_i[r] + logf(l_i[r]);  // -inf + log 0 = -inf for a row that saw nothing
     }

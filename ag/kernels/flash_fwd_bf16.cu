@@ -215,7 +215,7 @@ flash_fwd_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf1
             for (int j = 0; j < 2; ++j) {
                 int col = n * 8 + 2 * t + j;
                 if (col < HEAD_DIM)
-                    o[(long long)row * HEAD_DIM + col] = l_i[half] > 0.f ? acc[n][2 * half + j] / l_i[half] : 0.f;
+                    o[(long long)row * HEAD_DIM + col] = l_i[half] != 0.f ? acc[n][2 * half + j] / l_i[half] : 0.f;  // NaN stays NaN
             }
         if (t == 0) lse[row] = m_i[half] + logf(l_i[half]);
     }
