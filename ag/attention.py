@@ -269,7 +269,7 @@ def _worker_tiles(tiles: _Tiles, chunks: list[tuple[int, int]], dtype=None) -> l
 
     A buffer a worker allocates comes from that thread's malloc arena, and threads start fresh
     each call: an arena that had given its pages back made the call fault 1,000 pages in again,
-    1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark turns (0 of 80 this way;
+    1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark turns (none since;
     BENCHMARKS.md, "History"). The forward holds O and L from its start, so a buffer allocated
     before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
     own = [tiles.of_heads(a, b) for a, b in chunks]
