@@ -17,17 +17,15 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO �
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
+from . import attention_workers
 from .arrays import array_module
 from .modes import config
+from .ops import ShapeError, matmul, mul, reshape, softmax, transpose, where
 from .tensor import Saved, Tensor, accumulate_grad, make_output
 from .trace import count_matmul
 
@@ -196,10 +194,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     ``DEFAULT_BLOCK_K_FORWARD_UNMASKED`` (512) keys a tile. The results do not depend on the tiles
     beyond float rounding.
 
-    ``workers`` (NumPy path): threads that share the key/value heads, each running the tile
-    loops on its heads with BLAS held to one thread (threadpoolctl), so nothing oversubscribes.
-    None means the machine's cores; without threadpoolctl (``pip install 'ag[fast]'``) it is 1.
-    Heads are independent, so the result is bit-identical for any number of workers.
+    ``workers`` (NumPy path): threads that share the call. The call is cut into runs of a few
+    key/value heads (with their query groups), of all batch entries at once or of one, and each
+    thread takes the next run when it is free, with BLAS held to one thread (threadpoolctl), so
+    nothing oversubscribes (``ag.attention_workers``). None means the machine's cores; without
+    threadpoolctl (``pip install 'ag[fast]'``) it is 1, on the caller's thread. Runs are
+    independent, so the result is bit-identical for any number of workers.
     """
     _check_causal("flash_attention", causal)
     _check_block("flash_attention", "block_q", block_q)
@@ -227,7 +227,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
 def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int | None,
                   workers: int | None = None):
     """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's
-    tiles, the key/value heads shared out among ``workers`` threads."""
+    tiles, run by run (some key/value heads each) on ``workers`` threads."""
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
@@ -237,100 +237,68 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     forward_tiles = tiles
     if block_k is None and not causal:
         forward_tiles = _Tiles(heads, causal, tiles.scale, block_q, DEFAULT_BLOCK_K_FORWARD_UNMASKED)
-    chunks = _head_chunks(heads.h_kv, _workers(workers))
+    threads = attention_workers.count(workers)
 
     def forward(q, k, v):
-        own = _worker_tiles(forward_tiles, chunks, np.result_type(q, k, v))
-        parts = _in_parallel([lambda a=a, b=b, t=t: tiled_forward(t, *_kv_heads(a, b, heads.group, q, k, v))
-                              for (a, b), t in zip(chunks, own)])
-        _free_buffers(own)  # nothing tile-sized stays alive between forward and backward
+        # each run writes its heads' rows of O and L in place: no joining copy
+        o, lse = _forward_outputs(q, k, v)
+
+        def run_loop(own: _Tiles, run: attention_workers.Run) -> None:
+            tiled_forward(own, run.part(q, heads.group), run.part(k), run.part(v),
+                          out=(run.part(o, heads.group), run.part(lse, heads.group, axis=-2)))
+        runs, own = _shared_out(forward_tiles, o.dtype, threads)
+        for t in own:  # on the caller's thread, before the loops (``_Tiles.reserve_scores``)
+            t.reserve_scores(o.dtype)
+        _each_run(runs, own, run_loop)
         forward_tiles.count_products(2)  # S = QKᵀ, PV
-        return _joined([p[0] for p in parts], -3), _joined([p[1] for p in parts], -2)
+        return o, lse
 
     def backward(q, k, v, o, lse, do):
-        # each worker adds into its heads' share of grads in the inputs' own shapes: no joining copy
+        # each run adds into its heads' share of grads in the inputs' own shapes: no joining copy
         grads = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
 
-        def part(a: int, b: int, own: _Tiles):
-            rows = slice(a * heads.group, b * heads.group)
-            tiled_backward(own, *_kv_heads(a, b, heads.group, q, k, v),
-                           o[..., rows, :, :], lse[..., rows, :], do[..., rows, :, :],
-                           grads=_kv_heads(a, b, heads.group, *grads))
-        own = _worker_tiles(tiles, chunks)  # each allocates its S buffer after D's temporary is gone
-        _in_parallel([lambda a=a, b=b, t=t: part(a, b, t) for (a, b), t in zip(chunks, own)])
-        _free_buffers(own)
+        def run_loop(own: _Tiles, run: attention_workers.Run) -> None:
+            g = heads.group
+            tiled_backward(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g),
+                           run.part(lse, g, axis=-2), run.part(do, g),
+                           grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
+        # each thread allocates its S buffer in its first loop, once D's temporary is gone
+        _each_run(*_shared_out(tiles, q.dtype, threads), run_loop)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
 
 
-def _worker_tiles(tiles: _Tiles, chunks: list[tuple[int, int]], dtype=None) -> list[_Tiles]:
-    """Each worker's tiles; given a ``dtype``, their score buffers allocated here on the caller's thread.
+def _shared_out(tiles: _Tiles, dtype, threads: int) -> tuple[list, list[_Tiles]]:
+    """The call's runs (``ag.attention_workers``), and the tiles of each thread that takes them."""
+    h = tiles.heads
+    head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
+    runs = attention_workers.plan_runs(h.lead, h.h_kv, head_bytes, threads)
+    return runs, [tiles.for_run(runs[0]) for _ in range(min(threads, len(runs)))]
 
-    A buffer a worker allocates comes from that thread's malloc arena, and threads start fresh
-    each call: an arena that had given its pages back made the call fault 1,000 pages in again,
-    1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark turns (none since;
-    BENCHMARKS.md, "History"). The forward holds O and L from its start, so a buffer allocated
-    before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
-    own = [tiles.of_heads(a, b) for a, b in chunks]
-    if dtype is not None:
+
+def _each_run(runs: list, own: list[_Tiles], run_loop) -> None:
+    """Every run in turn on the threads, then every thread's buffers freed, on the caller's thread:
+    nothing tile-sized stays alive between forward and backward.
+
+    The forward's score buffers come from the caller's thread. One a fresh thread allocates comes
+    from that thread's malloc arena, and an arena that had given its pages back made the call fault
+    1,000 pages in again, 1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark
+    turns (none since; BENCHMARKS.md, "History"). The forward holds O and L from its start, so a
+    buffer allocated before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
+    try:
+        attention_workers.in_turns(runs, own, run_loop)
+    finally:
         for t in own:
-            t.reserve_scores(dtype)
-    return own
+            t.free_buffers()
 
 
-def _free_buffers(own: list[_Tiles]) -> None:
-    """Free the workers' tile buffers once every worker is done, on the caller's thread too."""
-    for t in own:
-        t.free_buffers()
+def _forward_outputs(q, k, v) -> tuple[np.ndarray, np.ndarray]:
+    """O, zeroed (a row that sees no key stays 0), and L = -inf, for ``tiled_forward`` to fill.
 
-
-def _workers(workers) -> int:
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"flash_attention: workers must be a positive integer or None, got {workers!r}")
-    if workers > 1 and not _have_threadpoolctl():
-        return 1  # threads without a cap on BLAS's own would oversubscribe
-    return int(workers)
-
-
-@functools.cache
-def _have_threadpoolctl() -> bool:
-    return importlib.util.find_spec("threadpoolctl") is not None
-
-
-def _head_chunks(h_kv: int, workers: int) -> list[tuple[int, int]]:
-    """Key/value heads [a, b) per worker, as even as they go."""
-    n = min(workers, h_kv)
-    edges = [h_kv * i // n for i in range(n + 1)]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-def _kv_heads(a: int, b: int, group: int, q, k, v):
-    """The views of q, k and v that key/value heads [a, b) own: query heads a·group..b·group."""
-    return q[..., a * group:b * group, :, :], k[..., a:b, :, :], v[..., a:b, :, :]
-
-
-def _in_parallel(jobs: list) -> list:
-    """Run the jobs, one thread each, with BLAS at one thread; one job runs here, as it is."""
-    if len(jobs) == 1:
-        return [jobs[0]()]
-    from concurrent.futures import ThreadPoolExecutor
-    with _blas_threads().limit(limits=1, user_api="blas"), ThreadPoolExecutor(len(jobs)) as pool:
-        return list(pool.map(lambda job: job(), jobs))
-
-
-@functools.cache
-def _blas_threads():
-    """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
-    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
-    from threadpoolctl import ThreadpoolController
-    return ThreadpoolController()
-
-
-def _joined(parts: list[np.ndarray], axis: int) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+    O keeps Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free."""
+    dtype = np.result_type(q, k, v)
+    return np.zeros_like(q, dtype=dtype), np.full(q.shape[:-1], -np.inf, dtype=dtype)
 
 
 def _cupy_passes(causal, scale):
@@ -371,8 +339,7 @@ class _Tiles:
 
     def grouped(self, x: np.ndarray, group: int) -> np.ndarray:
         """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
-        h = self.heads
-        return x.reshape(h.lead + (h.h_kv, group) + x.shape[-2:])
+        return x.reshape(self.heads.lead + (x.shape[-3] // group, group) + x.shape[-2:])
 
     def key_tiles(self, q_start: int, q_stop: int):
         """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key)."""
@@ -438,12 +405,11 @@ class _Tiles:
         self._masks.clear()
         self._scores = self._ones = None
 
-    def of_heads(self, a: int, b: int) -> _Tiles:
-        """The same call restricted to key/value heads [a, b): a worker's own tiles (and mask cache)."""
-        if (a, b) == (0, self.heads.h_kv):
-            return self
+    def for_run(self, run) -> _Tiles:
+        """The same call's tiles for a thread that takes runs like ``run`` (``ag.attention_workers``)
+        or smaller: its own S buffer and mask cache."""
         h = self.heads
-        heads = _Heads(h.lead, (b - a) * h.group, b - a, h.n_q, h.n_k, h.d)
+        heads = _Heads(h.lead if run.index is None else (), run.heads * h.group, run.heads, h.n_q, h.n_k, h.d)
         return _Tiles(heads, self.causal, self.scale, self.block_q, self.block_k)
 
     def count_products(self, per_tile: int) -> None:
@@ -477,15 +443,16 @@ def _group_sum(x: np.ndarray) -> np.ndarray:
     return x if x.shape[-3] == 1 else np.sum(x, axis=-3, keepdims=True)
 
 
-def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  out=None) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc;
-    return O and the row logsumexp L = m_i + log l_i."""
+    return O and the row logsumexp L = m_i + log l_i. ``out`` gives (O, L) to fill, zeroed and
+    -inf (a worker's views of the whole call's); else they are allocated here."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
-    dtype = np.result_type(q, k, v)
-    # O in Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free
-    o = np.zeros_like(qg, dtype=dtype)
-    lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
+    o, lse = out or _forward_outputs(q, k, v)
+    og, lse_g = tiles.grouped(o, h.group), tiles.grouped(lse[..., None], h.group)[..., 0]
+    dtype = og.dtype
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)
         q_i = tiles.scaled_queries(qg, rows)
@@ -505,11 +472,11 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
             acc *= alpha
             acc += np.matmul(p, vg[..., cols, :])
             m_i = m_new
-        np.divide(acc, l_i, out=o[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
+        np.divide(acc, l_i, out=og[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
         with np.errstate(divide="ignore"):
-            lse[..., rows] = (m_i + np.log(l_i))[..., 0]
+            lse_g[..., rows] = (m_i + np.log(l_i))[..., 0]
         ### END SOLUTION
-    return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+    return o, lse
 
 
 def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,12 +2,12 @@
 
 Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the
 key/value tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator
-acc, divide once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled
-(scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one
-buffer that the next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key
-tiles a query tile can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum
-of a tile, as (rows, 1) columns (np.max and np.sum with keepdims=True give the same, more
-slowly).
+acc, divide once at the end into og (O, heads grouped as q's are in qg), and store the row
+logsumexp m_i + log l_i into lse_g. q_i comes scaled (scale * Q_i); tiles.scores(q_i, k_j,
+q_start, k_start) gives the masked score tile (in one buffer that the next call overwrites,
+as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile can see;
+tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1)
+columns (np.max and np.sum with keepdims=True give the same, more slowly).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex4_flash_forward.py
@@ -20,24 +20,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from ag.attention import _Tiles
+from ag.attention import _Tiles, _forward_outputs
 
 
-def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  out=None) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc;
-    return O and the row logsumexp L = m_i + log l_i."""
+    return O and the row logsumexp L = m_i + log l_i. ``out`` gives (O, L) to fill, zeroed and
+    -inf (a worker's views of the whole call's); else they are allocated here."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
-    dtype = np.result_type(q, k, v)
-    # O in Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free
-    o = np.zeros_like(qg, dtype=dtype)
-    lse = np.full(qg.shape[:-1], -np.inf, dtype=dtype)
+    o, lse = out or _forward_outputs(q, k, v)
+    og, lse_g = tiles.grouped(o, h.group), tiles.grouped(lse[..., None], h.group)[..., 0]
+    dtype = og.dtype
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)
         q_i = tiles.scaled_queries(qg, rows)
         # YOUR CODE HERE
         raise NotImplementedError()
-    return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+    return o, lse
 
 
 if __name__ == "__main__":

@@ -416,11 +416,11 @@ def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monke
     forward = attention.tiled_forward
     arrays = qkv(32, 32, 8, 4, 4, dtype=np.float32)
 
-    def fails_on_one_share(tiles, q, k, v):
+    def fails_on_one_share(tiles, q, k, v, out=None):
         first = k.__array_interface__["data"][0] == arrays[1].__array_interface__["data"][0]
         if first == (failing == "first"):
             raise RuntimeError("a worker failed")
-        return forward(tiles, q, k, v)
+        return forward(tiles, q, k, v, out=out)
     monkeypatch.setattr(attention, "tiled_forward", fails_on_one_share)
     with pytest.raises(RuntimeError, match="a worker failed"):
         flash_attention(*arrays, workers=2)
@@ -435,30 +435,121 @@ def test_a_bad_number_of_workers_is_refused(workers):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_workers_forward_score_buffers_come_from_the_callers_thread_and_every_buffer_is_freed(monkeypatch, causal):
-    """Allocated on a worker's fresh thread, they came from its malloc arena, which had sometimes
+def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_threads_loop_all_freed(monkeypatch, causal):
+    """Allocated on a fresh thread, the forward's came from its malloc arena, which had sometimes
     given its pages back: 1,000 page faults in a call (BENCHMARKS.md, "History"). The backward's
-    stay on the workers, so as not to sit beside D's temporary."""
+    are allocated in each thread's first loop, so as not to sit beside D's temporary."""
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention
-    allocated_on, used = [], []
+    allocated, used, in_loop, looping = [], [], threading.local(), set()
     score_tile = attention._Tiles._score_tile
 
     def spy(self, shape, dtype):
         before = self._scores
         s = score_tile(self, shape, dtype)
         if self._scores is not before:
-            allocated_on.append(threading.get_ident())
+            allocated.append((threading.get_ident(), getattr(in_loop, "pass_", None)))
         used.append(self)
         return s
+
+    def looped(name):
+        loop = getattr(attention, name)
+
+        def run(*args, **kwargs):
+            in_loop.pass_ = name
+            looping.add((threading.get_ident(), name))
+            try:
+                return loop(*args, **kwargs)
+            finally:
+                in_loop.pass_ = None
+        return run
     monkeypatch.setattr(attention._Tiles, "_score_tile", spy)
-    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys
+    for name in ("tiled_forward", "tiled_backward"):
+        monkeypatch.setattr(attention, name, looped(name))
+    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys; two runs of one k/v head
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
-    assert allocated_on == [threading.get_ident()] * 2  # one buffer per worker, before the loops
+    assert allocated == [(threading.get_ident(), None)] * 2  # one buffer per thread, before the loops
+    assert threading.get_ident() not in {t for t, _ in looping}
     ag.sum(out).backward()
-    assert len(allocated_on) == 4 and threading.get_ident() not in allocated_on[2:]
-    assert len({id(t) for t in used}) == 4 and all(t._scores is None for t in used)
+    # a thread may take both runs when the other starts late: one buffer for each that took one
+    assert sorted(allocated[2:]) == sorted(t for t in looping if t[1] == "tiled_backward")
+    assert all(t._scores is None for t in used) and len({id(t) for t in used}) == 2 + len(allocated[2:])
+
+
+def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():
+    from ag.attention_workers import SCORE_TILE_BYTES, Run, plan_runs
+    tile = SCORE_TILE_BYTES
+    # B = 1, H = 8: 256 x 512 float32 tiles (512 KiB a head) make runs of one head
+    assert plan_runs((1,), 8, tile, 2) == [Run(None, a, a + 1) for a in range(8)]
+    # 256 x 256 (256 KiB a head): two heads a run; small tiles: as many as leave every worker one
+    assert plan_runs((1,), 8, tile // 2, 2) == [Run(None, a, a + 2) for a in range(0, 8, 2)]
+    assert plan_runs((1,), 8, 1024, 2) == [Run(None, 0, 4), Run(None, 4, 8)]
+    assert plan_runs((1,), 8, 1024, 3) == [Run(None, 0, 3), Run(None, 3, 6), Run(None, 6, 8)]
+    # every batch entry in a run where they fit, else one entry a run, over the batch as well
+    assert plan_runs((2,), 8, 1024, 2) == [Run(None, 0, 4), Run(None, 4, 8)]
+    assert plan_runs((4,), 1, 1024, 2) == [Run((b,), 0, 1) for b in range(4)]
+    assert plan_runs((2, 3), 2, tile, 2) == [Run((i, j), a, a + 1) for i in range(2) for j in range(3) for a in (0, 1)]
+    assert plan_runs((), 3, 10 * tile, 4) == [Run(None, a, a + 1) for a in range(3)]  # never less than a head
+
+
+def test_a_run_is_the_view_of_its_heads_in_every_array():
+    from ag.attention_workers import Run
+    x = np.arange(2 * 3 * 8 * 5 * 4).reshape(2, 3, 8, 5, 4)
+    np.testing.assert_array_equal(Run((1, 2), 1, 3).part(x, 2), x[1, 2, 2:6])
+    np.testing.assert_array_equal(Run(None, 1, 3).part(x), x[:, :, 1:3])
+    np.testing.assert_array_equal(Run((0, 1), 0, 2).part(x[..., 0], 4, axis=-2), x[0, 1, 0:8, :, 0])
+    assert np.shares_memory(Run((1, 2), 1, 3).part(x, 2), x)
+
+
+@pytest.mark.parametrize("batch, h, h_kv", [((4,), 1, 1), ((2, 3), 2, 1), ((1,), 8, 2)])
+def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monkeypatch, batch, h, h_kv):
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention, attention_workers
+    threads, forward, both_started = set(), attention.tiled_forward, threading.Barrier(2, timeout=10)
+
+    def spy(*args, **kwargs):
+        if threading.get_ident() not in threads:
+            threads.add(threading.get_ident())
+            both_started.wait()  # or the first thread could take every run before the other starts
+        return forward(*args, **kwargs)
+    q, k, v = qkv(80, 80, 8, h, h_kv, dtype=np.float32, batch=batch)
+    alone = flash_attention(q, k, v, causal=True, workers=1, block_q=32, block_k=32)
+    monkeypatch.setattr(attention, "tiled_forward", spy)
+    monkeypatch.setattr(attention_workers, "SCORE_TILE_BYTES", 32 * 32 * 4)  # a run: one head of one entry
+    shared = flash_attention(q, k, v, causal=True, workers=2, block_q=32, block_k=32)
+    assert len(threads) == 2
+    assert np.array_equal(alone, shared)
+    np.testing.assert_allclose(shared, naive_attention(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_o_is_written_in_place_in_qs_memory_order_by_every_run(workers):
+    """q a view of (b, s, heads, d), as a transformer layer makes it: O comes in the same order."""
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 70, 4, 8)).astype(np.float32).transpose(0, 2, 1, 3) for _ in range(3))
+    out, lse = flash_attention(q, k, v, causal=True, block_q=32, block_k=32, workers=workers, return_lse=True)
+    assert np.argsort(out.strides).tolist() == np.argsort(q.strides).tolist()
+    np.testing.assert_allclose(out, naive_attention(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(8) + np.triu(np.full((70, 70), -np.inf, np.float32), 1)
+    np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_thread_that_starts_late_takes_fewer_runs():
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention_workers
+    all_taken, taken = threading.Event(), []
+
+    def job(own, run):
+        if own == "late":
+            all_taken.wait(timeout=10)  # until the other thread has taken every other run
+        taken.append((own, run))
+        if len(taken) == 7:
+            all_taken.set()
+    runs = attention_workers.plan_runs((1,), 8, attention_workers.SCORE_TILE_BYTES, 2)
+    attention_workers.in_turns(runs, ["late", "early"], job)
+    assert sorted(taken, key=lambda t: t[1].first) == [("late", runs[0])] + [("early", r) for r in runs[1:]]
 
 
 def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):

@@ -81,13 +81,14 @@ EXERCISES = (
         4, "flash_forward", "Tiled attention forward",
         "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
         "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
-        "once at the end, and store the row logsumexp m_i + log l_i. q_i comes scaled (scale * Q_i); "
+        "once at the end into og (O, heads grouped as q's are in qg), and store the row logsumexp "
+        "m_i + log l_i into lse_g. q_i comes scaled (scale * Q_i); "
         "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
         "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
         "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
         "columns (np.max and np.sum with keepdims=True give the same, more slowly).",
         (("attention", "tiled_forward"),),
-        "import numpy as np\n\nfrom ag.attention import _Tiles",
+        "import numpy as np\n\nfrom ag.attention import _Tiles, _forward_outputs",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
         "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)\n"

@@ -1,0 +1,120 @@
+"""One ``flash_attention`` call shared among threads on NumPy.
+
+The call is cut into runs, each one tiled loop (``tiled_forward`` or ``tiled_backward``) over some
+key/value heads with their query groups: of every batch entry at once when they fit, else of one.
+A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES``, so that a
+step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
+workers where the heads allow it. ``workers`` threads take the next run as they become free,
+each with its own tiles, and BLAS held to one thread each (threadpoolctl),
+so nothing oversubscribes. Runs are independent and each is computed the same way whichever
+thread takes it, so the result is bit-identical for any number of workers.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
+# (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").
+SCORE_TILE_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Run:
+    """Key/value heads [first, stop) of batch entry ``index`` (None: of every batch entry)."""
+
+    index: tuple[int, ...] | None
+    first: int
+    stop: int
+
+    def part(self, x: np.ndarray, per_kv_head: int = 1, axis: int = -3) -> np.ndarray:
+        """This run's view of ``x``: its heads along ``axis``, ``per_kv_head`` of them for each
+        key/value head (a query group for q, O and dO; 1 for k and v)."""
+        if self.index is not None:
+            x = x[self.index]
+        heads = slice(self.first * per_kv_head, self.stop * per_kv_head)
+        return x[(Ellipsis, heads) + (slice(None),) * (-axis - 1)]
+
+    @property
+    def heads(self) -> int:
+        return self.stop - self.first
+
+
+def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int) -> list[Run]:
+    """The runs of a call with batch dimensions ``lead`` and ``h_kv`` key/value heads, where one
+    key/value head of one batch entry makes an S_ij of ``head_bytes``."""
+    entries = math.prod(lead)
+    fit = max(1, SCORE_TILE_BYTES // max(head_bytes, 1))  # heads of one entry that one run may hold
+    share = -(-h_kv // workers)  # at most this many heads a run, so that every worker gets one
+    if entries == 1 or (fit >= entries and h_kv >= workers):
+        per_run = max(1, min(fit // entries, share))
+        return [Run(None, a, min(a + per_run, h_kv)) for a in range(0, h_kv, per_run)]
+    per_run = max(1, min(fit, h_kv, -(-h_kv * entries // workers)))
+    return [Run(index, a, min(a + per_run, h_kv)) for index in np.ndindex(*lead) for a in range(0, h_kv, per_run)]
+
+
+def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None]) -> None:
+    """``job(own[i], run)`` for every run: thread i takes the next run whenever it is free, so a
+    thread that starts late takes fewer. The first error stops the others taking more and is
+    raised here, once every thread is done.
+
+    With one ``own`` the caller runs them all. Otherwise every run is on a new thread and the
+    caller waits: on the 2-vCPU machines, a thread started beside a busy caller sometimes waited
+    milliseconds for the idle vCPU (a forward at N = 1024 took 13 or 18 ms), where a waiting
+    caller frees its core for it (BENCHMARKS.md, "History")."""
+    if len(own) == 1:
+        for run in runs:
+            job(own[0], run)
+        return
+    pending, lock, failed = iter(runs), threading.Lock(), []
+
+    def take_runs(mine) -> None:
+        while not failed:
+            with lock:
+                run = next(pending, None)
+            if run is None:
+                return
+            try:
+                job(mine, run)
+            except BaseException as error:  # noqa: BLE001 -- re-raised on the caller's thread
+                failed.append(error)
+    with blas_threads().limit(limits=1, user_api="blas"):
+        workers = [threading.Thread(target=take_runs, args=(mine,), name="ag-attention") for mine in own]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    if failed:
+        raise failed[0]
+
+
+def count(workers) -> int:
+    """The threads a call may use: ``workers``, None meaning the machine's cores; 1 without
+    threadpoolctl, as threads without a cap on BLAS's own would oversubscribe."""
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"flash_attention: workers must be a positive integer or None, got {workers!r}")
+    if workers > 1 and not have_threadpoolctl():
+        return 1
+    return int(workers)
+
+
+@functools.cache
+def have_threadpoolctl() -> bool:
+    return importlib.util.find_spec("threadpoolctl") is not None
+
+
+@functools.cache
+def blas_threads():
+    """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
+    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
