@@ -7,7 +7,7 @@
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
 
-- ag ``flash_attention`` (``ag/attention.py``: FlashAttention-2's tiles, every head of a tile at once);
+- ag ``flash_attention`` (``ag/attention.py``: FlashAttention-2's tiles, a few heads a run, ``ag/attention_workers.py``);
 - ag ``naive_attention`` (S = QKᵀ and P = softmax(S) materialized by ag ops), with
   ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
 - ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
@@ -318,8 +318,9 @@ def torch_limit() -> str:
     """What limits flash against torch SDPA, with the BLAS kernels this run had."""
     from mlp import numpy_blas_kernels
     limit = ("BLAS on tiles: QK^T and PV, one core's sgemm with K = d = 64 each, are most of the loop; NumPy's "
-             "fmax, subtract and exp add a pass over each tile, and at small N starting the worker threads and "
-             f"joining O weigh more. numpy's BLAS kernels: {numpy_blas_kernels()}")
+             "fmax, subtract and exp add a pass over each tile, and at small N the fixed costs weigh more: "
+             "starting the worker threads, and the Python between NumPy calls, which the workers take turns "
+             f"on (the GIL). numpy's BLAS kernels: {numpy_blas_kernels()}")
     if os.environ.get("OPENBLAS_CORETYPE"):
         limit += ("; on the AMD EPYC, AVX2 (Haswell) kernels take the products 1.8 x as long as OpenBLAS's "
                   "own pick, AVX-512 (SkylakeX): BENCHMARKS.md")
