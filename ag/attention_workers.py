@@ -5,8 +5,8 @@ key/value heads with their query groups: of every batch entry at once when they 
 A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES``, so that a
 step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
 workers where the heads allow it. ``workers`` threads take the next run as they become free,
-each with its own tiles, and BLAS held to one thread each (threadpoolctl),
-so nothing oversubscribes. Runs are independent and each is computed the same way whichever
+each with its own tiles, and BLAS held to one thread each (threadpoolctl), so nothing
+oversubscribes. Runs are independent and each is computed the same way whichever
 thread takes it, so the result is bit-identical for any number of workers.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int) -
     entries = math.prod(lead)
     fit = max(1, SCORE_TILE_BYTES // max(head_bytes, 1))  # heads of one entry that one run may hold
     share = -(-h_kv // workers)  # at most this many heads a run, so that every worker gets one
-    if entries == 1 or (fit >= entries and h_kv >= workers):
-        per_run = max(1, min(fit // entries, share))
+    if entries <= 1 or (fit >= entries and h_kv >= workers):  # an empty batch: one run that does nothing
+        per_run = max(1, min(fit // max(entries, 1), share))
         return [Run(None, a, min(a + per_run, h_kv)) for a in range(0, h_kv, per_run)]
     per_run = max(1, min(fit, h_kv, -(-h_kv * entries // workers)))
     return [Run(index, a, min(a + per_run, h_kv)) for index in np.ndindex(*lead) for a in range(0, h_kv, per_run)]

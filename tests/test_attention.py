@@ -491,6 +491,15 @@ def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():
     assert plan_runs((4,), 1, 1024, 2) == [Run((b,), 0, 1) for b in range(4)]
     assert plan_runs((2, 3), 2, tile, 2) == [Run((i, j), a, a + 1) for i in range(2) for j in range(3) for a in (0, 1)]
     assert plan_runs((), 3, 10 * tile, 4) == [Run(None, a, a + 1) for a in range(3)]  # never less than a head
+    assert plan_runs((0,), 2, tile, 2) == [Run(None, 0, 1), Run(None, 1, 2)]  # an empty batch
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_empty_batch_gives_empty_outputs_and_grads(workers):
+    q = ag.Tensor(np.ones((0, 2, 5, 4), np.float32), requires_grad=True)
+    out = flash_attention(q, q, q, workers=workers)
+    ag.sum(out).backward()
+    assert out.shape == (0, 2, 5, 4) and q.grad.shape == (0, 2, 5, 4)
 
 
 def test_a_run_is_the_view_of_its_heads_in_every_array():
