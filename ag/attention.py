@@ -197,8 +197,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     ``workers`` (NumPy path): threads that share the call. The call is cut into runs of a few
     key/value heads (with their query groups), of all batch entries at once or of one, and each
     thread takes the next run when it is free, with BLAS held to one thread (threadpoolctl), so
-    nothing oversubscribes (``ag.attention_workers``). None means the machine's cores; without
-    threadpoolctl (``pip install 'ag[fast]'``) it is 1, on the caller's thread. Runs are
+    nothing oversubscribes (``ag.attention_workers``). A call too small to repay starting threads
+    runs on the caller's thread. None means the machine's cores; without threadpoolctl
+    (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
     """
     _check_causal("flash_attention", causal)
@@ -237,7 +238,8 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     forward_tiles = tiles
     if block_k is None and not causal:
         forward_tiles = _Tiles(heads, causal, tiles.scale, block_q, DEFAULT_BLOCK_K_FORWARD_UNMASKED)
-    threads = attention_workers.count(workers)
+    asked = attention_workers.count(workers)
+    threads = attention_workers.threads_for(math.prod(heads.lead) * heads.h * heads.n_q * heads.n_k * heads.d, asked)
 
     def forward(q, k, v):
         # each run writes its heads' rows of O and L in place: no joining copy
@@ -249,7 +251,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
         runs, own = _shared_out(forward_tiles, o.dtype, threads)
         for t in own:  # on the caller's thread, before the loops (``_Tiles.reserve_scores``)
             t.reserve_scores(o.dtype)
-        _each_run(runs, own, run_loop)
+        _each_run(runs, own, run_loop, hold_blas=asked > 1)
         forward_tiles.count_products(2)  # S = QKᵀ, PV
         return o, lse
 
@@ -263,7 +265,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
                            run.part(lse, g, axis=-2), run.part(do, g),
                            grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
         # each thread allocates its S buffer in its first loop, once D's temporary is gone
-        _each_run(*_shared_out(tiles, q.dtype, threads), run_loop)
+        _each_run(*_shared_out(tiles, q.dtype, threads), run_loop, hold_blas=asked > 1)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
@@ -277,7 +279,7 @@ def _shared_out(tiles: _Tiles, dtype, threads: int) -> tuple[list, list[_Tiles]]
     return runs, [tiles.for_run(runs[0]) for _ in range(min(threads, len(runs)))]
 
 
-def _each_run(runs: list, own: list[_Tiles], run_loop) -> None:
+def _each_run(runs: list, own: list[_Tiles], run_loop, hold_blas: bool) -> None:
     """Every run in turn on the threads, then every thread's buffers freed, on the caller's thread:
     nothing tile-sized stays alive between forward and backward.
 
@@ -287,7 +289,7 @@ def _each_run(runs: list, own: list[_Tiles], run_loop) -> None:
     turns (none since; BENCHMARKS.md, "History"). The forward holds O and L from its start, so a
     buffer allocated before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
     try:
-        attention_workers.in_turns(runs, own, run_loop)
+        attention_workers.in_turns(runs, own, run_loop, hold_blas)
     finally:
         for t in own:
             t.free_buffers()

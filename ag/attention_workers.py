@@ -4,13 +4,13 @@ The call is cut into runs, each one tiled loop (``tiled_forward`` or ``tiled_bac
 key/value heads with their query groups: of every batch entry at once when they fit, else of one.
 A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES``, so that a
 step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
-workers where the heads allow it. ``workers`` threads take the next run as they become free,
-each with its own tiles, and BLAS held to one thread each (threadpoolctl), so nothing
-oversubscribes. Runs are independent and each is computed the same way whichever
+workers where the heads allow it. ``workers`` threads take the runs in turn, each with its own
+tiles, and BLAS held to one thread each (threadpoolctl), so nothing oversubscribes. Runs are independent and each is computed the same way whichever
 thread takes it, so the result is bit-identical for any number of workers.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -24,6 +24,10 @@ import numpy as np
 # Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
 # (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").
 SCORE_TILE_BYTES = 512 * 1024
+# A thread is started only for this many multiply-adds of QKᵀ (a 256 × 256 tile at d = 64): below
+# it, starting threads costs more than they save (B = 2, H = 4, N = 128, d = 16: 0.79 ms on the
+# caller, 1.33 on two threads; H = 8, N = 256, d = 64: 2.42 and 2.21 ms).
+MIN_PRODUCTS_PER_THREAD = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -60,33 +64,42 @@ def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int) -
     return [Run(index, a, min(a + per_run, h_kv)) for index in np.ndindex(*lead) for a in range(0, h_kv, per_run)]
 
 
-def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None]) -> None:
-    """``job(own[i], run)`` for every run: thread i takes the next run whenever it is free, so a
-    thread that starts late takes fewer. The first error stops the others taking more and is
-    raised here, once every thread is done.
+def threads_for(products: int, workers: int) -> int:
+    """The threads a call of ``products`` multiply-adds in QKᵀ takes: ``workers`` at most, each with
+    ``MIN_PRODUCTS_PER_THREAD``, and at least one."""
+    return max(1, min(workers, products // MIN_PRODUCTS_PER_THREAD))
 
-    With one ``own`` the caller runs them all. Otherwise every run is on a new thread and the
-    caller waits: on the 2-vCPU machines, a thread started beside a busy caller sometimes waited
-    milliseconds for the idle vCPU (a forward at N = 1024 took 13 or 18 ms), where a waiting
-    caller frees its core for it (BENCHMARKS.md, "History")."""
+
+def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hold_blas: bool) -> None:
+    """``job(own[i], run)`` for every run: thread i takes runs i, i + T, i + 2T, … of T threads.
+    The first error stops the others taking more and is raised here, once every thread is done.
+
+    Each thread's runs are fixed, not taken as threads come free, so that every thread allocates
+    its buffers whichever starts first: a call's memory does not depend on the threads' timing
+    (``ag.remat`` measures an op's workspace once and plans with it). With one ``own`` the caller
+    runs them all, with BLAS held to one thread if ``hold_blas`` (a call too small to share among
+    the workers asked for: OpenBLAS's own threads, woken for each small product, cost more).
+    Otherwise every run is on a new thread and the caller waits: on the 2-vCPU
+    machines, a thread started beside a busy caller sometimes waited milliseconds for the idle
+    vCPU (a forward at N = 1024 took 13 or 18 ms), where a waiting caller frees its core for it
+    (BENCHMARKS.md, "History")."""
     if len(own) == 1:
-        for run in runs:
-            job(own[0], run)
+        with blas_threads().limit(limits=1, user_api="blas") if hold_blas else contextlib.nullcontext():
+            for run in runs:
+                job(own[0], run)
         return
-    pending, lock, failed = iter(runs), threading.Lock(), []
+    failed: list[BaseException] = []
 
-    def take_runs(mine) -> None:
-        while not failed:
-            with lock:
-                run = next(pending, None)
-            if run is None:
+    def take_runs(mine, first: int) -> None:
+        for run in runs[first::len(own)]:
+            if failed:
                 return
             try:
                 job(mine, run)
             except BaseException as error:  # noqa: BLE001 -- re-raised on the caller's thread
                 failed.append(error)
     with blas_threads().limit(limits=1, user_api="blas"):
-        workers = [threading.Thread(target=take_runs, args=(mine,), name="ag-attention") for mine in own]
+        workers = [threading.Thread(target=take_runs, args=(mine, i), name="ag-attention") for i, mine in enumerate(own)]
         for worker in workers:
             worker.start()
         for worker in workers:

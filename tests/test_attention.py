@@ -328,9 +328,33 @@ def test_the_cupy_backend_without_a_gpu_says_why(monkeypatch):
 
 # ---- workers: the heads shared out among threads ----
 
+@pytest.fixture
+def threads_at_any_size(monkeypatch):
+    """Threads for the small arrays of these tests, which ``MIN_PRODUCTS_PER_THREAD`` keeps on the caller."""
+    from ag import attention_workers
+    monkeypatch.setattr(attention_workers, "MIN_PRODUCTS_PER_THREAD", 1)
+
+
+def test_a_call_too_small_to_share_runs_on_the_callers_thread_with_blas_at_one_thread(monkeypatch):
+    threadpoolctl = pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention, attention_workers
+    seen, forward = [], attention.tiled_forward
+
+    def spy(*args, **kwargs):
+        blas = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+        seen.append((threading.get_ident(), blas))
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(attention, "tiled_forward", spy)
+    q, k, v = qkv(128, 128, 16, 4, 4, dtype=np.float32, batch=(2,))  # 2 · 4 · 128² · 16 = 2^21 products
+    assert attention_workers.threads_for(2 * 4 * 128 * 128 * 16, 2) == 1
+    assert attention_workers.threads_for(2 * attention_workers.MIN_PRODUCTS_PER_THREAD, 4) == 2
+    flash_attention(q, k, v, workers=2)
+    assert seen and all(t == threading.get_ident() and set(b) == {1} for t, b in seen)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("h, h_kv", [(8, 8), (8, 2), (6, 3), (4, 1)])
-def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal):
+def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal, threads_at_any_size):
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((2, n, 100, 16)).astype(np.float32) for n in (h, h_kv, h_kv)]
@@ -385,7 +409,7 @@ def _flash_in_a_forked_child(arrays, queue):
     queue.put(flash_attention(*arrays, workers=2, block_q=32, block_k=32))
 
 
-def test_workers_run_in_a_child_forked_after_the_parent_used_them():
+def test_workers_run_in_a_child_forked_after_the_parent_used_them(threads_at_any_size):
     """Threads kept from an earlier call would not be in a forked child: a pool handed over would
     wait forever for them (BENCHMARKS.md, "History": why workers start their threads per call)."""
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
@@ -406,7 +430,7 @@ def test_workers_run_in_a_child_forked_after_the_parent_used_them():
 
 
 @pytest.mark.parametrize("failing", ["first", "second"])
-def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monkeypatch, failing):
+def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monkeypatch, failing, threads_at_any_size):
     threadpoolctl = pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention
 
@@ -435,7 +459,7 @@ def test_a_bad_number_of_workers_is_refused(workers):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_threads_loop_all_freed(monkeypatch, causal):
+def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_threads_loop_all_freed(monkeypatch, causal, threads_at_any_size):
     """Allocated on a fresh thread, the forward's came from its malloc arena, which had sometimes
     given its pages back: 1,000 page faults in a call (BENCHMARKS.md, "History"). The backward's
     are allocated in each thread's first loop, so as not to sit beside D's temporary."""
@@ -512,7 +536,7 @@ def test_a_run_is_the_view_of_its_heads_in_every_array():
 
 
 @pytest.mark.parametrize("batch, h, h_kv", [((4,), 1, 1), ((2, 3), 2, 1), ((1,), 8, 2)])
-def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monkeypatch, batch, h, h_kv):
+def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monkeypatch, batch, h, h_kv, threads_at_any_size):
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention, attention_workers
     threads, forward, both_started = set(), attention.tiled_forward, threading.Barrier(2, timeout=10)
@@ -533,7 +557,7 @@ def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monke
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_o_is_written_in_place_in_qs_memory_order_by_every_run(workers):
+def test_o_is_written_in_place_in_qs_memory_order_by_every_run(workers, threads_at_any_size):
     """q a view of (b, s, heads, d), as a transformer layer makes it: O comes in the same order."""
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     rng = np.random.default_rng(3)
@@ -545,20 +569,25 @@ def test_o_is_written_in_place_in_qs_memory_order_by_every_run(workers):
     np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-5, atol=1e-5)
 
 
-def test_a_thread_that_starts_late_takes_fewer_runs():
-    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
-    from ag import attention_workers
+def test_each_thread_takes_its_own_runs_whichever_starts_first():
+    """So every thread allocates its buffers, and a call's memory does not depend on the timing."""
     all_taken, taken = threading.Event(), []
 
     def job(own, run):
-        if own == "late":
-            all_taken.wait(timeout=10)  # until the other thread has taken every other run
+        if own == "late" and not all_taken.wait(timeout=10):  # until the other has taken its runs
+            raise AssertionError("the early thread took runs that were not its own")
         taken.append((own, run))
-        if len(taken) == 7:
+        if len(taken) == 4:
             all_taken.set()
-    runs = attention_workers.plan_runs((1,), 8, attention_workers.SCORE_TILE_BYTES, 2)
-    attention_workers.in_turns(runs, ["late", "early"], job)
-    assert sorted(taken, key=lambda t: t[1].first) == [("late", runs[0])] + [("early", r) for r in runs[1:]]
+    runs = attention_workers_plan(8)
+    from ag import attention_workers
+    attention_workers.in_turns(runs, ["late", "early"], job, hold_blas=True)
+    assert sorted(taken, key=lambda t: t[1].first) == [("late" if r.first % 2 == 0 else "early", r) for r in runs]
+
+
+def attention_workers_plan(h_kv):
+    from ag.attention_workers import SCORE_TILE_BYTES, plan_runs
+    return plan_runs((1,), h_kv, SCORE_TILE_BYTES, 2)
 
 
 def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):
