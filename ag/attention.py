@@ -195,9 +195,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     beyond float rounding.
 
     ``workers`` (NumPy path): threads that share the call. The call is cut into runs of a few
-    key/value heads (with their query groups), of all batch entries at once or of one, and each
-    thread takes the next run when it is free, with BLAS held to one thread (threadpoolctl), so
-    nothing oversubscribes (``ag.attention_workers``). A call too small to repay starting threads
+    key/value heads (with their query groups), of all batch entries at once or of one, dealt to
+    the threads in turn, each with BLAS held to one thread (threadpoolctl), so nothing
+    oversubscribes (``ag.attention_workers``). A call too small to repay starting threads
     runs on the caller's thread. None means the machine's cores; without threadpoolctl
     (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
