@@ -581,15 +581,10 @@ def test_each_thread_takes_its_own_runs_whichever_starts_first():
         taken.append((own, run))
         if len(taken) == 4:
             all_taken.set()
-    runs = attention_workers_plan(8)
     from ag import attention_workers
+    runs = attention_workers.plan_runs((1,), 8, attention_workers.SCORE_TILE_BYTES, 2)
     attention_workers.in_turns(runs, ["late", "early"], job, hold_blas=True)
     assert sorted(taken, key=lambda t: t[1].first) == [("late" if r.first % 2 == 0 else "early", r) for r in runs]
-
-
-def attention_workers_plan(h_kv):
-    from ag.attention_workers import SCORE_TILE_BYTES, plan_runs
-    return plan_runs((1,), h_kv, SCORE_TILE_BYTES, 2)
 
 
 def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):
