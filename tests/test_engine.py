@@ -110,6 +110,25 @@ def test_no_grad_builds_no_graph():
     assert ag.config.grad_enabled
 
 
+def test_an_ops_output_has_every_field_a_new_tensor_has():
+    """make_output sets an op's NumPy result's fields without Tensor.__init__ (ag.tensor._plain_output):
+    each of them, but the op's own, must be what Tensor(value) sets, and none may be left unset."""
+    from ag.tensor import _plain_output
+    value = np.arange(3.0)
+    made, plain = ag.Tensor(value), _plain_output(value, "exp")
+    assert plain.op == "exp"
+    for field in ag.Tensor.__slots__:
+        if field not in ("op", "__weakref__"):
+            assert getattr(plain, field) is getattr(made, field) or getattr(plain, field) == getattr(made, field), field
+    out = ag.exp(ag.Tensor(value))  # an op's output outside any graph is such a tensor, with its op
+    assert out.op == "exp" and not out.requires_grad and out.inputs == () and out._backward is None
+    x = ag.Tensor(value, requires_grad=True)
+    y = x * x
+    assert y.requires_grad and y.inputs == (x, x) and y._saved == (x, x) and x._needed_by == 2
+    with ag.eager_grads():  # under eager grads an op's output takes __init__'s path, and its grad buffer
+        assert ag.exp(ag.Tensor(value)).grad is not None
+
+
 def test_tensor_keeps_the_dtype_it_was_given():
     for dtype in (np.float16, np.float32, np.float64, np.int32):
         assert ag.Tensor(np.zeros(2, dtype=dtype)).dtype == dtype
