@@ -15,23 +15,55 @@ from .operands import expand as _expand, normalize_axes as _axes, normalize_axis
 def sum(a, axis=None, keepdims: bool = False) -> Tensor:
     """out = Σ_axis a;  da = dout broadcast back over the summed axes."""
     a = _operand("sum", a)
-    axes = _axes("sum", axis, a.ndim)
+    axes = _axes("sum", axis, len(a.shape))
     value = _sum(a.value, axes, keepdims)
+    if keepdims or len(axes) < len(a.shape):
+        def _backward(out: Tensor, saved: Saved) -> None:
+            accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
+        return make_output(value, "sum", (a,), _backward)
+    return make_output(value, "sum", (a,), _sum_all_backward)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
-    return make_output(value, "sum", (a,), _backward)
+
+def _sum_all_backward(out: Tensor, saved: Saved) -> None:
+    """The backward of a sum to one number: dout spread over the input's shape. It needs nothing
+    but the input, so every such sum shares this one function, not a closure made per call
+    (0.1 µs of a 1.3 µs op on a tiny tensor)."""
+    (a,) = out.inputs
+    accumulate_grad(a, np.broadcast_to(out.grad, a.shape))
 
 
 def _sum(x, axes: tuple[int, ...], keepdims: bool):
-    """x summed over ``axes``. A float NumPy array summed to one number comes back as a 0-d array
-    written by np.add.reduce into ``out=``: the same loop ``x.sum`` runs, without NumPy's Python
-    wrapper and without making its scalar into an array again (0.4 of 2 µs on a tiny tensor)."""
+    """x summed over ``axes``. A float sum to one number is written into a 0-d array (``out=``),
+    not made a scalar and then an array again. A float vector of up to ``_DOT_SUM_MAX`` elements
+    is summed as its dot product with ones (one BLAS call, as attention's ``row_sum`` does): 0.32
+    against 0.66 µs for np.add.reduce on 4 elements, half of what a sum costs on a tiny tensor. It
+    adds in another order than NumPy's pairwise sum, so the two may differ in the last bit; longer
+    vectors keep the pairwise sum, whose rounding error grows more slowly."""
     if type(x) is np.ndarray and not keepdims and len(axes) == x.ndim:
         dtype = x.dtype
+        ones = _ONES.get(dtype)  # float32 and float64, which BLAS adds
+        if ones is not None and len(axes) == 1:
+            n = x.shape[0]
+            if n <= _DOT_SUM_MAX:
+                out = np.empty((), dtype)
+                x.dot(ones[n], out)  # returns a NumPy scalar; out is the 0-d array
+                return out
         if dtype.kind in "fc":  # an int sum may widen its dtype, which out= would have to know
             return np.add.reduce(x, axes, None, np.empty((), dtype))
     return x.sum(axis=axes, keepdims=keepdims)
+
+
+_DOT_SUM_MAX = 64  # vectors up to this length are summed as x · 1
+
+
+def _ones_views(dtype) -> tuple[np.ndarray, ...]:
+    """Read-only vectors of 0 to _DOT_SUM_MAX ones: views of one buffer, made at import."""
+    ones = np.ones(_DOT_SUM_MAX, dtype)
+    ones.flags.writeable = False
+    return tuple(ones[:n] for n in range(_DOT_SUM_MAX + 1))
+
+
+_ONES = {np.dtype(dtype): _ones_views(dtype) for dtype in (np.float32, np.float64)}
 
 
 def mean(a, axis=None, keepdims: bool = False) -> Tensor:
