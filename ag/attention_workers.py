@@ -5,8 +5,9 @@ key/value heads with their query groups: of every batch entry at once when they 
 A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES``, so that a
 step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
 workers where the heads allow it. ``workers`` threads take the runs in turn, each with its own
-tiles, and BLAS held to one thread each (threadpoolctl), so nothing oversubscribes. Runs are independent and each is computed the same way whichever
-thread takes it, so the result is bit-identical for any number of workers.
+tiles, and BLAS held to one thread each (threadpoolctl), so nothing oversubscribes. Runs are
+independent and each is computed the same way whichever thread takes it, so the result is
+bit-identical for any number of workers.
 """
 from __future__ import annotations
 

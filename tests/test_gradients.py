@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import ag
+from ag.ops.reductions import _DOT_SUM_MAX
 from gradcheck import BINARY_OPS, grad_check
 
 
@@ -177,8 +178,8 @@ def test_relu_keeps_the_dtype_and_equals_numpys_maximum_with_0(dtype):
 
 
 def _sums_as_a_dot(x: np.ndarray, axis) -> bool:
-    """ag.sum's short path: a float32 or float64 vector of at most 64 elements summed whole."""
-    return x.ndim == 1 and x.dtype in (np.float32, np.float64) and x.size <= 64 and axis in (None, 0, (0,))
+    """ag.sum's short path: a float32 or float64 vector of at most _DOT_SUM_MAX (64) elements summed whole."""
+    return x.ndim == 1 and x.dtype in (np.float32, np.float64) and x.size <= _DOT_SUM_MAX and axis in (None, 0, (0,))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64, np.int8, np.uint8, np.bool_])
@@ -209,13 +210,14 @@ def test_a_short_vector_sums_as_its_dot_product_with_ones_within_the_rounding_bo
     equals the dot product it is said to be; from 65 elements on it is NumPy's sum again."""
     rng = np.random.default_rng(3)
     eps = np.finfo(dtype).eps
-    for n in range(0, 66):
+    assert _DOT_SUM_MAX == 64  # the figure the docstring, the parametrized shape (65,) and BENCHMARKS.md give
+    for n in range(0, _DOT_SUM_MAX + 2):
         x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
         got = ag.sum(ag.Tensor(x)).value
         assert type(got) is np.ndarray and got.shape == () and got.dtype == dtype
         exact = math.fsum(x.astype(np.float64))
         assert abs(float(got) - exact) <= max(n - 1, 0) * eps * float(np.abs(x.astype(np.float64)).sum())
-        if n <= 64:
+        if n <= _DOT_SUM_MAX:
             assert got == x.dot(np.ones(n, dtype))
         else:
             assert got == x.sum()
