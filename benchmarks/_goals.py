@@ -13,13 +13,15 @@ def verdict(ratio: float, goal: float, resolution: float = 0.0) -> str:
     return "met" if ratio <= goal + resolution else "missed"
 
 
-def shown(ratio: float, goal: float, resolution: float = 0.0, digits: int = 2) -> str:
+def shown(ratio: float, goal: float | tuple[float, ...], resolution: float = 0.0, digits: int = 2) -> str:
     """``ratio`` with ``digits`` decimals, or as many more as it takes for the text to get the
     ratio's own verdict: 1.2038 against a goal of 1.2 reads 1.204, not 1.20 next to "missed".
-    A goal line reads its ratio back from a table's text, so the text must decide as the value does."""
+    A goal line reads its ratio back from a table's text, so the text must decide as the value does,
+    against every goal in ``goal`` when it is a tuple (a goal and its stretch goal)."""
+    goals = goal if isinstance(goal, tuple) else (goal,)
     for places in range(digits, 10):
         text = f"{ratio:.{places}f}"
-        if verdict(float(text), goal, resolution) == verdict(ratio, goal, resolution):
+        if all(verdict(float(text), g, resolution) == verdict(ratio, g, resolution) for g in goals):
             return text
     return repr(ratio)
 

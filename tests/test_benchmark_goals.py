@@ -23,3 +23,14 @@ def test_a_ratio_as_shown_gets_the_verdict_of_the_ratio_itself(limit, resolution
 def test_a_goal_line_just_over_its_goal_says_missed_with_the_digits_that_show_it():
     assert goal("flash / torch", 1.2038, 1.2).endswith("= 1.204 (goal <= 1.2): missed")
     assert goal("flash / torch", 1.1951, 1.2).endswith("= 1.20 (goal <= 1.2): met")
+
+
+def test_a_ratio_shown_against_a_goal_and_its_stretch_goal_decides_both_as_the_ratio_does():
+    """attention's flash/torch column is read back for the goal (1.2) and the stretch goal (1.0)."""
+    ratios = np.concatenate([1.0 + np.random.default_rng(1).uniform(-0.01, 0.01, 2000),
+                             1.2 + np.random.default_rng(2).uniform(-0.01, 0.01, 2000), [1.0, 1.2]])
+    for ratio in map(float, ratios):
+        text = shown(ratio, (1.2, 1.0))
+        for limit in (1.2, 1.0):
+            assert verdict(float(text), limit) == verdict(ratio, limit), (ratio, limit, text)
+    assert shown(1.0038, (1.2, 1.0)) == "1.004" and shown(1.0038, 1.2) == "1.00"
