@@ -84,11 +84,6 @@ def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hol
     machines, a thread started beside a busy caller sometimes waited milliseconds for the idle
     vCPU (a forward at N = 1024 took 13 or 18 ms), where a waiting caller frees its core for it
     (BENCHMARKS.md, "History")."""
-    if len(own) == 1:
-        with blas_threads().limit(limits=1, user_api="blas") if hold_blas else contextlib.nullcontext():
-            for run in runs:
-                job(own[0], run)
-        return
     failed: list[BaseException] = []
 
     def take_runs(mine, first: int) -> None:
@@ -99,12 +94,17 @@ def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hol
                 job(mine, run)
             except BaseException as error:  # noqa: BLE001 -- re-raised on the caller's thread
                 failed.append(error)
-    with blas_threads().limit(limits=1, user_api="blas"):
-        workers = [threading.Thread(target=take_runs, args=(mine, i), name="ag-attention") for i, mine in enumerate(own)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+    hold = hold_blas or len(own) > 1
+    with blas_threads().limit(limits=1, user_api="blas") if hold else contextlib.nullcontext():
+        if len(own) == 1:
+            take_runs(own[0], 0)
+        else:
+            workers = [threading.Thread(target=take_runs, args=(mine, i), name="ag-attention")
+                       for i, mine in enumerate(own)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
     if failed:
         raise failed[0]
 
