@@ -22,17 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag.course import EXERCISES, REPO  # noqa: E402
 from ag.course.batch import grade_class  # noqa: E402
+from mlp import cpu_name  # noqa: E402
 
 CLASS = 300
 GOAL_SECONDS = 15 * 60
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 def make_class(root: Path, students: int) -> Path:
@@ -76,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"Grading a class of {args.students} copies of solutions/, {args.jobs} at a time")
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="ag-class-") as temp:
         folder = make_class(Path(temp) / "class", args.students)

@@ -204,19 +204,29 @@ def numpy_blas_kernels() -> str:
     return f"{kernels} (set by OPENBLAS_CORETYPE={forced})" if forced else f"{kernels} (OpenBLAS's own pick)"
 
 
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name with its family and model numbers and whether it has AVX-512: machines
+    of one kind name their CPUs alike ("AMD EPYC") and still differ (family 25 is Zen 3 or Zen 4,
+    26 is Zen 5), and OpenBLAS picks its kernels by them."""
+    import platform
+    try:
+        with open(cpuinfo) as f:
+            fields = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+    except OSError:
+        return platform.processor() or "?"
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    name = fields.get("model name", platform.processor() or "?")
+    avx512 = "AVX-512" if "avx512f" in fields.get("flags", "").split() else "no AVX-512"
+    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {avx512})"
+
+
 def machine_lines() -> list[str]:
     import platform
 
     import torch
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     threads, how = numpy_blas_threads()
     return [
-        f"CPU: {cpu}, {os.cpu_count()} logical CPUs",
+        f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs",
         f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {numpy_blas_name()}), "
         f"torch {torch.__version__}",
         f"threads: numpy BLAS {threads} [{how}], torch.get_num_threads() {torch.get_num_threads()}",
