@@ -21,11 +21,14 @@ The three contestants:
    the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
    the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
    Goals: flash <= 1.3 × naive and flash <= 1.2 × torch (stretch: <= 1.0), in time (flash runs
-   with its default workers, the machine's cores, BLAS at one thread each).
+   with its default workers, the machine's cores, BLAS at one thread each). Then (2c) one head on
+   one thread at the worst forward row's N: flash, its two products alone by NumPy's BLAS and by
+   torch's matmul on the same tiles, and torch SDPA; a missed torch goal names its limit from it.
 3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the
    growth of the resident set in a fresh subprocess (``_memory.py``). Goal: flash <= naive / 10.
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
-   alone as ag writes it and with the in-place form next to it, scaled to a whole pass.
+   alone on one thread as ag writes it, on the heads one run holds, and with the in-place form
+   next to it, scaled to a whole pass.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
-from ag import attention  # noqa: E402
+from ag import attention, attention_workers  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
@@ -60,6 +63,8 @@ TORCH_GOAL = 1.2   # flash time / torch time (issue 14)
 TORCH_STRETCH_GOAL = 1.0  # the same issue's stretch goal
 MEMORY_GOAL = 0.1  # flash peak / naive peak
 BLOCKS = (64, 128, 256, 512, 1024)
+HEAD_REPEATS = 7  # runs of each contestant in table 2c
+BLAS_PARITY = 1.1  # NumPy's products / torch's matmul above this: BLAS limits first
 
 
 # ---- inputs and the three contestants ----
@@ -297,6 +302,10 @@ def time_tables(args, blocks: dict) -> None:
             forward_rows.append(forward)
             step_rows.append(step)
     print_time_tables(forward_rows, step_rows, blocks)
+    n = int(max(forward_rows, key=lambda r: float(r[10]))[0])  # the worst forward row's N
+    head = one_head(n, blocks, HEAD_REPEATS)
+    print_one_head(n, head)
+    print_time_goals(forward_rows, step_rows, torch_limit(n, head))
 
 
 def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None:
@@ -306,28 +315,99 @@ def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None
                 TIME_HEADER, forward_rows)
     print_table(f"2b. Training step, forward + backward of sum(O ∘ dO): median ms, GFLOP/s at 3.5 × the forward "
                 f"count; {tiles}", TIME_HEADER, step_rows)
+
+
+def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of one head's non-causal forward at N = ``n`` on one thread (NumPy's BLAS and
+    torch both held to one): ag's flash; its two products alone, QKᵀ and PV on the same tiles, by
+    NumPy's BLAS and by torch's matmul; and torch SDPA. Whatever flash spends beyond its products
+    is the work outside BLAS: the passes over each tile, the per-row ops and the Python."""
+    import torch
+    from threadpoolctl import threadpool_limits
+    q, k, v = (x[:, :1] for x in make_inputs(n)[:3])  # (1, 1, n, d): one head
+    block_q = blocks["block_q"]
+    block_k = blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
+    scores = np.empty((min(block_q, n), min(block_k, n)), np.float32)
+    q2, k2, v2 = (np.ascontiguousarray(x[0, 0]) for x in (q, k, v))
+    tq, tk, tv = (torch.from_numpy(x) for x in (q2, k2, v2))
+    t_scores = torch.empty(scores.shape)
+
+    def tiles(n_rows: int):
+        for i in range(0, n_rows, block_q):
+            for j in range(0, n_rows, block_k):
+                yield slice(i, i + block_q), slice(j, j + block_k)
+
+    def numpy_products() -> None:
+        for rows, cols in tiles(n):
+            s = scores[:len(q2[rows]), :len(k2[cols])]
+            np.matmul(np.matmul(q2[rows], k2[cols].T, out=s), v2[cols])
+
+    def torch_products() -> None:
+        for rows, cols in tiles(n):
+            s = t_scores[:len(q2[rows]), :len(k2[cols])]
+            torch.matmul(torch.matmul(tq[rows], tk[cols].T, out=s), tv[cols])
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    tq4, tk4, tv4 = (torch.from_numpy(x) for x in (q, k, v))
+    calls = {"flash": lambda: flash_attention(q, k, v, **blocks, workers=1), "numpy products": numpy_products,
+             "torch products": torch_products, "torch": lambda: sdpa(tq4, tk4, tv4)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            times = take_turns(calls, repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return {name: med(t) for name, t in times.items()}
+
+
+def print_one_head(n: int, head: dict[str, float]) -> None:
+    ms = {name: f"{t * 1e3:.2f}" for name, t in head.items()}
+    print_table(f"2c. One head on one thread, non-causal forward at N = {n} (the worst forward row's N): median ms "
+                f"of {HEAD_REPEATS} runs",
+                ["flash", "its two products (NumPy's BLAS)", "the same products (torch matmul)",
+                 "flash beyond its products", "torch SDPA", "flash / torch SDPA"],
+                [[ms["flash"], ms["numpy products"], ms["torch products"],
+                  f"{(head['flash'] - head['numpy products']) * 1e3:.2f}", ms["torch"],
+                  f"{head['flash'] / head['torch']:.2f}"]])
+
+
+def print_time_goals(forward_rows: list, step_rows: list, torch_limited_by: str) -> None:
     print()
     for what, rows in (("forward", forward_rows), ("forward + backward", step_rows)):
         for column, peer, limit, limited_by in ((8, "naive", NAIVE_GOAL, "the exp and max passes over each tile"),
-                                                (10, "torch SDPA", TORCH_GOAL, torch_limit())):
+                                                (10, "torch SDPA", TORCH_GOAL, torch_limited_by)):
             worst = max(rows, key=lambda r: float(r[column]))
             goal(f"flash / {peer}, {what}, worst of {len(rows)} rows (N = {worst[0]}, {worst[1]})",
                  float(worst[column]), limit, limited_by=limited_by)
         worst = max(rows, key=lambda r: float(r[10]))
         goal(f"stretch: flash / torch SDPA, {what}, worst of {len(rows)} rows (N = {worst[0]}, {worst[1]})",
-             float(worst[10]), TORCH_STRETCH_GOAL, limited_by=torch_limit())
+             float(worst[10]), TORCH_STRETCH_GOAL, limited_by=torch_limited_by)
 
 
-def torch_limit() -> str:
-    """What limits flash against torch SDPA, with the BLAS kernels this run had."""
+def torch_limit(n: int, head: dict[str, float]) -> str:
+    """What limits flash against torch SDPA, from the one-head measurement (table 2c) and the BLAS
+    kernels this run had: the products where NumPy's BLAS is slower than torch's matmul on the
+    same tiles, else what flash does beyond its products."""
     from mlp import numpy_blas_kernels
-    limit = ("BLAS on tiles: QK^T and PV, one core's sgemm with K = d = 64 each, are most of the loop; NumPy's "
-             "fmax, subtract and exp add a pass over each tile, and at small N the fixed costs weigh more: "
-             "starting the worker threads, and the Python between NumPy calls, which the workers take turns "
-             f"on (the GIL). numpy's BLAS kernels: {numpy_blas_kernels()}")
+    flash, products, torch_products, sdpa = (head[x] for x in ("flash", "numpy products", "torch products", "torch"))
+    blas = products / torch_products
+    beyond = flash - products
+    limit = (f"one head on one thread (2c, N = {n}): flash {flash * 1e3:.2f} ms against torch SDPA's "
+             f"{sdpa * 1e3:.2f}; its two products (QK^T and PV, sgemm with K = d = 64 or with N = d) take "
+             f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
+             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): NumPy's fmax, subtract and "
+             "exp passes over each tile and its row sum, which no NumPy call fuses, the per-row ops and the "
+             "Python between calls. ")
+    if blas > BLAS_PARITY:
+        limit += "NumPy's BLAS is the first limit here. "
+    else:
+        limit += "The products run at torch's speed, so the passes outside them are the limit. "
+    limit += ("Two threads add starting them and their turns on the GIL. "
+              f"numpy's BLAS kernels: {numpy_blas_kernels()}")
     if os.environ.get("OPENBLAS_CORETYPE"):
-        limit += ("; on the AMD EPYC, AVX2 (Haswell) kernels take the products 1.8 x as long as OpenBLAS's "
-                  "own pick, AVX-512 (SkylakeX): BENCHMARKS.md")
+        limit += ("; on the AMD EPYC (Zen 5), AVX2 (Haswell) kernels took the products 1.8 x as long as "
+                  "OpenBLAS's own pick, AVX-512 (SkylakeX): BENCHMARKS.md")
     return limit
 
 
@@ -422,12 +502,13 @@ def best_us(stmt: Callable[[], object], number: int, repeat: int = 7) -> float:
     return min(timeit.repeat(stmt, number=number, repeat=repeat)) / number * 1e6
 
 
-def tile_arrays(block_q: int, block_k: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """One tile's operands in ag's grouped layout (B, H, group = 1, rows, d), scores of a realistic size."""
+def tile_arrays(block_q: int, block_k: int, heads: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """One tile's operands in ag's grouped layout (heads, group = 1, rows, d), as one run holds them,
+    scores of a realistic size."""
     rng = np.random.default_rng(seed)
 
     def a(*shape):
-        return rng.standard_normal((B, H, 1) + shape, dtype=np.float32)
+        return rng.standard_normal((heads, 1) + shape, dtype=np.float32)
     t = {"q_i": a(block_q, D), "k_j": a(block_k, D), "v_j": a(block_k, D), "do_i": a(block_q, D),
          "d_i": a(block_q, 1), "acc": a(block_q, D), "dq": a(block_q, D),
          "dk": a(block_k, D), "dv": a(block_k, D)}
@@ -436,7 +517,14 @@ def tile_arrays(block_q: int, block_k: int, seed: int = 0) -> dict[str, np.ndarr
     t["p"] = np.exp(t["s"] - t["m"])
     t["buf"] = np.empty_like(t["s"])
     t["alpha"] = np.ones_like(t["m"])  # ones: repeated in-place rescaling keeps the values as they are
+    t["ones"] = np.ones(block_k, np.float32)
     return t
+
+
+def run_heads(block_q: int, block_k: int) -> int:
+    """The heads one run holds with these tiles (``ag.attention_workers.plan_runs``, B = 1)."""
+    head_bytes = block_q * block_k * np.dtype(np.float32).itemsize
+    return attention_workers.plan_runs((B,), H, head_bytes, workers=1)[0].heads
 
 
 def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, Callable, str, Callable | None]]:
@@ -469,10 +557,12 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
          "", None),
         ("fwd+bwd", "S *= scale", lambda: np.multiply(s, scale, out=buf), "scale folded into Q_i (per row of tiles)",
          lambda: None),
-        ("fwd", "m_new = max(m_i, rowmax S)", lambda: np.maximum(t["m"], np.max(s, axis=-1, keepdims=True)), "", None),
+        ("fwd", "m_new = max(m_i, rowmax S)", lambda: np.maximum(t["m"], np.fmax.reduce(s, axis=-1, keepdims=True)),
+         "", None),
         ("fwd", "P = exp(S - m_new, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= m; exp(S, out=S)",
          lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
-        ("fwd", "l_i = α l_i + rowsum P", lambda: t["alpha"] * t["m"] + np.sum(p, axis=-1, keepdims=True), "", None),
+        ("fwd", "l_i = α l_i + rowsum P (P times ones)",
+         lambda: t["alpha"] * t["m"] + np.matmul(p, t["ones"])[..., None], "", None),
         ("fwd", "acc = α acc + P V_j", lambda: t["alpha"] * t["acc"] + np.matmul(p, t["v_j"]),
          "acc *= α; acc += P V_j", inplace_acc),
         ("bwd", "P = exp(S - L_i, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= L_i; exp(S, out=S)",
@@ -496,12 +586,15 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
 
 def anatomy(n: int, blocks: dict, number: int) -> None:
     block_q, block_k = blocks["block_q"], blocks["block_k"] or attention.DEFAULT_BLOCK_K
-    t = tile_arrays(block_q, block_k)
-    tiles = math.ceil(n / block_q) * math.ceil(n / block_k)
+    heads = run_heads(block_q, block_k)
+    t = tile_arrays(block_q, block_k, heads)
+    tiles = math.ceil(n / block_q) * math.ceil(n / block_k) * math.ceil(H / heads)  # a pass's tiles, all heads
     rows, totals = [], {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
+    from threadpoolctl import threadpool_limits
     for phase, step, stmt, alternative, alt_stmt in anatomy_steps(t, block_q, block_k):
-        us = best_us(stmt, number)
-        alt_us = best_us(alt_stmt, number) if alt_stmt is not None else us
+        with threadpool_limits(limits=1, user_api="blas"):  # as a worker runs it
+            us = best_us(stmt, number)
+            alt_us = best_us(alt_stmt, number) if alt_stmt is not None else us
         for part in ("fwd", "bwd"):
             if part in phase.split("+"):
                 totals[part][0] += us
@@ -510,8 +603,9 @@ def anatomy(n: int, blocks: dict, number: int) -> None:
         rows.append([phase, step, f"{us:.0f}", per_pass, alternative,
                      f"{alt_us:.0f}" if alt_stmt is not None else "",
                      f"{alt_us / us:.2f}" if alt_stmt is not None else ""])
-    print_table(f"4. One tile of flash ({block_q} x {block_k}, all {H} heads), each NumPy call timed alone: best µs "
-                f"per tile of {number}-call loops; ms per non-causal pass at N = {n} ({tiles} tiles)",
+    print_table(f"4. One tile of flash ({block_q} x {block_k}, {heads} of the {H} heads, as one run holds them), each "
+                f"NumPy call timed alone on one thread: best µs per tile of {number}-call loops; ms per non-causal "
+                f"pass at N = {n} ({tiles} such tiles)",
                 ["pass", "step as ag writes it", "µs / tile", f"ms at N={n}", "alternative", "µs / tile",
                  "alt / ag"], rows)
     for part, (as_ag, alt) in totals.items():
