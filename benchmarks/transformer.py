@@ -374,7 +374,10 @@ def parse_args() -> argparse.Namespace:
 
 GOAL = 1.10  # issue 14: ag / torch, in time and in peak memory, in every mode
 LIMITS = {
-    "time": "NumPy's elementwise passes (softmax, GeLU, layer norm, dropout) run on one core, torch's on both",
+    "time": ("the products, about three quarters of either step: as fast as torch's timed alone, but slower and "
+             "uneven inside ag's step on the Zen 4 machine, for a cause not yet measured (BENCHMARKS.md); and "
+             "NumPy's elementwise passes (softmax, GeLU, layer norm, dropout), run on one core where torch's "
+             "run on both"),
     "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory selective": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory full": "the rerun layer's recomputed activations alive beside its backward's grads and temporaries",
