@@ -374,6 +374,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.seq, args.batch, args.hidden, args.heads, args.repeats = 128, 2, 256, 4, 3
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     return args
 
 
