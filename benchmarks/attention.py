@@ -327,30 +327,24 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     q, k, v = (x[:, :1] for x in make_inputs(n)[:3])  # (1, 1, n, d): one head
     block_q = blocks["block_q"]
     block_k = blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
-    scores = np.empty((min(block_q, n), min(block_k, n)), np.float32)
-    q2, k2, v2 = (np.ascontiguousarray(x[0, 0]) for x in (q, k, v))
-    tq, tk, tv = (torch.from_numpy(x) for x in (q2, k2, v2))
-    t_scores = torch.empty(scores.shape)
+    shape = (min(block_q, n), min(block_k, n))
 
-    def tiles(n_rows: int):
-        for i in range(0, n_rows, block_q):
-            for j in range(0, n_rows, block_k):
-                yield slice(i, i + block_q), slice(j, j + block_k)
+    def products(matmul: Callable, q2, k2, v2, scores) -> Callable[[], None]:
+        """S = Q_i K_jᵀ into one buffer, then S V_j, on every tile, with ``matmul`` (NumPy's or torch's)."""
+        def run() -> None:
+            for i in range(0, n, block_q):
+                for j in range(0, n, block_k):
+                    s = scores[:min(block_q, n - i), :min(block_k, n - j)]
+                    matmul(matmul(q2[i:i + block_q], k2[j:j + block_k].T, out=s), v2[j:j + block_k])
+        return run
 
-    def numpy_products() -> None:
-        for rows, cols in tiles(n):
-            s = scores[:len(q2[rows]), :len(k2[cols])]
-            np.matmul(np.matmul(q2[rows], k2[cols].T, out=s), v2[cols])
-
-    def torch_products() -> None:
-        for rows, cols in tiles(n):
-            s = t_scores[:len(q2[rows]), :len(k2[cols])]
-            torch.matmul(torch.matmul(tq[rows], tk[cols].T, out=s), tv[cols])
-
+    arrays = [np.ascontiguousarray(x[0, 0]) for x in (q, k, v)]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     tq4, tk4, tv4 = (torch.from_numpy(x) for x in (q, k, v))
-    calls = {"flash": lambda: flash_attention(q, k, v, **blocks, workers=1), "numpy products": numpy_products,
-             "torch products": torch_products, "torch": lambda: sdpa(tq4, tk4, tv4)}
+    calls = {"flash": lambda: flash_attention(q, k, v, **blocks, workers=1),
+             "numpy products": products(np.matmul, *arrays, np.empty(shape, np.float32)),
+             "torch products": products(torch.matmul, *map(torch.from_numpy, arrays), torch.empty(shape)),
+             "torch": lambda: sdpa(tq4, tk4, tv4)}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -591,18 +585,18 @@ def anatomy(n: int, blocks: dict, number: int) -> None:
     tiles = math.ceil(n / block_q) * math.ceil(n / block_k) * math.ceil(H / heads)  # a pass's tiles, all heads
     rows, totals = [], {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
     from threadpoolctl import threadpool_limits
-    for phase, step, stmt, alternative, alt_stmt in anatomy_steps(t, block_q, block_k):
-        with threadpool_limits(limits=1, user_api="blas"):  # as a worker runs it
-            us = best_us(stmt, number)
-            alt_us = best_us(alt_stmt, number) if alt_stmt is not None else us
+    with threadpool_limits(limits=1, user_api="blas"):  # as a worker runs them
+        timed = [(phase, step, alternative, best_us(stmt, number),
+                  best_us(alt_stmt, number) if alt_stmt is not None else None)
+                 for phase, step, stmt, alternative, alt_stmt in anatomy_steps(t, block_q, block_k)]
+    for phase, step, alternative, us, alt_us in timed:
         for part in ("fwd", "bwd"):
             if part in phase.split("+"):
                 totals[part][0] += us
-                totals[part][1] += alt_us
+                totals[part][1] += us if alt_us is None else alt_us
         per_pass = "" if phase == "causal" else f"{us * tiles / 1e3:.0f}"
         rows.append([phase, step, f"{us:.0f}", per_pass, alternative,
-                     f"{alt_us:.0f}" if alt_stmt is not None else "",
-                     f"{alt_us / us:.2f}" if alt_stmt is not None else ""])
+                     "" if alt_us is None else f"{alt_us:.0f}", "" if alt_us is None else f"{alt_us / us:.2f}"])
     print_table(f"4. One tile of flash ({block_q} x {block_k}, {heads} of the {H} heads, as one run holds them), each "
                 f"NumPy call timed alone on one thread: best µs per tile of {number}-call loops; ms per non-causal "
                 f"pass at N = {n} ({tiles} such tiles)",
