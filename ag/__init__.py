@@ -8,12 +8,14 @@ from .arrays import unbroadcast
 from .discard import discard_value_if_has_rematerializer, release_unneeded
 from .errors import GraphError
 from .modes import config, eager_grads, no_grad
+from .ops.threads import set_workers
 from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topological_sort
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",
     "add", "sub", "mul", "div", "neg", "pow", "matmul", "sum", "mean", "max", "exp", "log",

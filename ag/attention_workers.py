@@ -12,8 +12,6 @@ bit-identical for any number of workers.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.util
 import math
 import os
 import threading
@@ -21,6 +19,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from .ops.threads import blas_threads, have_threadpoolctl
 
 # Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
 # (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").
@@ -119,16 +119,3 @@ def count(workers) -> int:
     if workers > 1 and not have_threadpoolctl():
         return 1
     return int(workers)
-
-
-@functools.cache
-def have_threadpoolctl() -> bool:
-    return importlib.util.find_spec("threadpoolctl") is not None
-
-
-@functools.cache
-def blas_threads():
-    """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
-    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
-    from threadpoolctl import ThreadpoolController
-    return ThreadpoolController()

@@ -8,6 +8,7 @@ from ..errors import ShapeError
 from ..handover import grad_to_overwrite
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
+from . import threads as _threads
 from .operands import operand as _operand
 from .reductions import finite_max as _finite_max, softmax_grad as _softmax_grad
 
@@ -79,18 +80,28 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
         raise ShapeError(f"scaled_masked_softmax: scores need at least 2 dimensions (queries, keys), "
                          f"got shape {s.shape}")
 
-    y = s.value * s.dtype.type(scale)
-    if causal:
-        n_q, n_k = s.shape[-2:]
-        xp = array_module(y)
-        np.copyto(y, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])  # one pass
-    y -= _finite_max(y, (y.ndim - 1,)).astype(y.dtype, copy=False)
-    np.exp(y, out=y)
-    total = np.sum(y, axis=-1, keepdims=True)
-    np.divide(y, total, out=y, where=total > 0)  # a fully masked row stays 0
+    xp = array_module(s.value)
+    n_q, n_k = s.shape[-2:]
+    scale = s.dtype.type(scale)
+
+    def softmax_rows(y_) -> None:  # y_ holds scale · s on entry
+        if causal:  # a temporary of this pass: held for the whole op, it raised the op's peak
+            np.copyto(y_, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])
+        y_ -= _finite_max(y_, (y_.ndim - 1,)).astype(y_.dtype, copy=False)
+        np.exp(y_, out=y_)
+        total = np.sum(y_, axis=-1, keepdims=True)
+        np.divide(y_, total, out=y_, where=total > 0)  # a fully masked row stays 0
+    if type(s.value) is np.ndarray and s.value.flags.c_contiguous:  # the stack of (n_q, n_k) as views
+        y = np.empty_like(s.value)
+        scores3, y3 = s.value.reshape(-1, n_q, n_k), y.reshape(-1, n_q, n_k)
+
+        def matrices(start: int, stop: int) -> None:
+            softmax_rows(np.multiply(scores3[start:stop], scale, out=y3[start:stop]))
+        _threads.in_blocks(matrices, len(y3), y.size, _threads.MIN_PASS)
+    else:
+        y = s.value * scale
+        softmax_rows(y)
 
     def _backward(out: Tensor, saved: Saved) -> None:
-        g = _softmax_grad(out, saved[out], out.ndim - 1)
-        g *= g.dtype.type(scale)
-        accumulate_grad(s, g)
+        accumulate_grad(s, _softmax_grad(out, saved[out], out.ndim - 1, scale))
     return make_output(y, "scaled_masked_softmax", (s,), _backward, saves_output=True)

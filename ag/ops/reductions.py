@@ -9,6 +9,7 @@ from ..errors import ShapeError
 from ..handover import grad_to_overwrite
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
+from . import threads as _threads
 from .operands import expand as _expand, normalize_axes as _axes, normalize_axis as _axis, operand as _operand
 
 
@@ -123,13 +124,34 @@ def _exp_shifted(x: np.ndarray, lse: np.ndarray) -> np.ndarray:
     return np.exp(x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)) * np.isfinite(lse)
 
 
-def softmax_grad(out: Tensor, y: np.ndarray, axis: int) -> np.ndarray:
-    """y ∘ (dy - Σ_axis dy ∘ y) in one buffer of y's size (dy's own when nothing reads it after)."""
-    dot = np.expand_dims(np.einsum("...i,...i->...", np.moveaxis(out.grad, axis, -1), np.moveaxis(y, axis, -1)), axis)
+def softmax_grad(out: Tensor, y: np.ndarray, axis: int, scale=None) -> np.ndarray:
+    """y ∘ (dy - Σ_axis dy ∘ y), times ``scale`` if given, in one buffer of y's size (dy's own when
+    nothing reads it after). Along the last axis of a large tensor, in blocks of rows on ag's op
+    threads: a row reads only itself."""
+    dy = out.grad
+    if axis == y.ndim - 1 and type(y) is np.ndarray and y.flags.c_contiguous and dy.flags.c_contiguous:
+        g = grad_to_overwrite(out)  # dy itself, or a copy: each block reads its dy rows before it writes them
+        n = y.shape[-1]
+        dy2, y2, g2 = dy.reshape(-1, n), y.reshape(-1, n), g.reshape(-1, n)
+        _threads.in_blocks(lambda a, b: _softmax_grad_rows(dy2[a:b], y2[a:b], g2[a:b], scale),
+                           len(y2), y.size, _threads.MIN_PASS)
+        return g
+    dot = np.expand_dims(np.einsum("...i,...i->...", np.moveaxis(dy, axis, -1), np.moveaxis(y, axis, -1)), axis)
     g = grad_to_overwrite(out)
     g -= dot
     g *= y
+    if scale is not None:
+        g *= g.dtype.type(scale)
     return g
+
+
+def _softmax_grad_rows(dy: np.ndarray, y: np.ndarray, g: np.ndarray, scale) -> None:
+    """softmax_grad on rows (n, k): g = y ∘ (dy - Σ dy ∘ y) (· scale); g may be dy."""
+    dot = np.einsum("ij,ij->i", dy, y)[:, None]
+    g -= dot
+    g *= y
+    if scale is not None:
+        g *= g.dtype.type(scale)
 
 
 def softmax(a, axis: int = -1) -> Tensor:

@@ -8,6 +8,7 @@ import numpy as np
 from ..handover import grad_to_overwrite
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
+from . import threads as _threads
 from .operands import operand as _operand
 
 
@@ -44,13 +45,21 @@ def sqrt(a) -> Tensor:
 def relu(a) -> Tensor:
     """y = max(a, 0);  da = dy where y > 0, else 0 (reads only the output)."""
     a = _operand("relu", a)
-    value = np.maximum(a.value, _zero(a.value))
+    if a.value.size < _threads.MIN_PASS or type(a.value) is not np.ndarray:  # small first: just np.maximum
+        value = np.maximum(a.value, _zero(a.value))
+    else:
+        value = np.empty_like(a.value)
+        _elementwise(lambda y, x: np.maximum(x, _zero(x), out=y), value, a.value)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
-        np.multiply(g, saved[out] > 0, out=g)
+        _elementwise(_relu_grad, g, saved[out])
         accumulate_grad(a, g)
     return make_output(value, "relu", (a,), _backward, saves_output=True)
+
+
+def _relu_grad(g: np.ndarray, y: np.ndarray) -> None:
+    np.multiply(g, y > 0, out=g)
 
 
 def _zero(x):
@@ -97,37 +106,65 @@ def gelu(a) -> Tensor:
     da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
     a = _operand("gelu", a)
     y = _gelu_tanh(a.value)  # built in place: one buffer, no temporaries
-    y += 1
-    y *= a.value
-    y *= 0.5
+    _elementwise(_gelu_from_tanh, y, a.value)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         x = saved[a]
         t = _gelu_tanh(x)
-        # da = g + v·(1 + 3·0.044715x²), g = dy·½(1 + t), v = g·cx(1 - t), in t and dy's own buffer
         g = grad_to_overwrite(out)
-        t += 1
-        g *= t
-        g *= 0.5
-        np.subtract(2, t, out=t)
-        t *= x
-        t *= _GELU_C
-        t *= g
-        g += t
-        t *= x
-        t *= x
-        t *= 3 * 0.044715
-        g += t
+        _elementwise(_gelu_grad_from_tanh, g, t, x)
         del t
         accumulate_grad(a, g)
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
 
 
+def _gelu_from_tanh(y: np.ndarray, x: np.ndarray) -> None:
+    """y = x/2 · (1 + y), y holding t = tanh(c(x + 0.044715 x³)) on entry."""
+    y += 1
+    y *= x
+    y *= 0.5
+
+
+def _gelu_grad_from_tanh(g: np.ndarray, t: np.ndarray, x: np.ndarray) -> None:
+    """da = g + v·(1 + 3·0.044715x²), g = dy·½(1 + t), v = g·cx(1 - t), in t and dy's own buffer."""
+    t += 1
+    g *= t
+    g *= 0.5
+    np.subtract(2, t, out=t)
+    t *= x
+    t *= _GELU_C
+    t *= g
+    g += t
+    t *= x
+    t *= x
+    t *= 3 * 0.044715
+    g += t
+
+
+def _elementwise(passes, *arrays: np.ndarray) -> None:
+    """``passes(*arrays)``, in blocks of elements on ag's op threads when the arrays are large,
+    of one shape, and C-contiguous NumPy arrays (so their flat views are views)."""
+    first = arrays[0]
+    if first.size < _threads.MIN_PASS or not all(type(x) is np.ndarray and x.flags.c_contiguous
+                                                 and x.shape == first.shape for x in arrays):
+        passes(*arrays)
+        return
+    flat = [x.reshape(-1) for x in arrays]
+    _threads.in_blocks(lambda start, stop: passes(*(f[start:stop] for f in flat)), first.size, first.size,
+                       _threads.MIN_PASS)
+
+
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     """t = tanh(c(x + 0.044715 x³)) in one fresh buffer (x·x·x: float ** 3 is 100× slower)."""
-    t = np.multiply(x, x, out=np.empty_like(x))  # an array even when x is 0-d
+    t = np.empty_like(x)  # an array even when x is 0-d
+    _elementwise(_tanh_inner, t, x)
+    return t
+
+
+def _tanh_inner(t: np.ndarray, x: np.ndarray) -> None:
+    np.multiply(x, x, out=t)
     t *= x
     t *= 0.044715
     t += x
     t *= _GELU_C
-    return np.tanh(t, out=t)
+    np.tanh(t, out=t)

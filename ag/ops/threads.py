@@ -1,0 +1,136 @@
+"""One large op's NumPy work shared among threads, block by block.
+
+NumPy's BLAS shares a product among its own threads, but every other pass (exp, tanh, a
+softmax's max and sum) runs on one core. Sharing those passes among Python threads alone did not
+pay: OpenBLAS's idle threads spin for a while after each product, so a pass started just after
+one found the second core taken (BENCHMARKS.md, "What limits"). So a large op shares both: its
+output is cut into blocks along a leading axis, the blocks are dealt to ``workers`` threads
+(the caller takes the first), and a product's blocks run with BLAS held to one thread, which
+leaves OpenBLAS's own threads asleep.
+
+Each block is computed by the same NumPy calls whichever thread takes it: a pass's rows and
+elements do not depend on each other, and a product is computed in steps whose size depends on
+its shape alone, one BLAS call each on one BLAS thread (``matmul._ProductBlocks``), also with one
+worker. So results are bit-identical for any number of workers (``tests/test_op_threads.py``).
+Every array an op returns or keeps is still allocated once, by the caller, so ``ag.trace`` sees
+the same buffers; the pool's threads, started at the first large op, keep none of them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import queue
+import threading
+from typing import Callable
+
+# Below these sizes starting the other threads (about 20 µs a handover) costs more than it saves.
+MIN_PRODUCT = 1 << 22  # multiply-adds of a product: (256 × 128) @ (128 × 128), about 40 µs on one core
+MIN_PASS = 1 << 18  # elements of an elementwise or row-wise pass (1 MB of float32)
+
+_workers: int | None = None  # None: the machine's cores, when threadpoolctl can hold BLAS
+
+
+def set_workers(workers: int | None) -> int | None:
+    """The threads a large op may use: a positive int, or None for the machine's cores (1 without
+    threadpoolctl, ``pip install 'ag[fast]'``). Returns the setting it replaces."""
+    global _workers
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"set_workers: workers must be a positive integer or None, got {workers!r}")
+    previous, _workers = _workers, workers
+    return previous
+
+
+def workers() -> int:
+    """The threads a large op uses now: ``set_workers``'s, or the machine's cores."""
+    asked = _workers if _workers is not None else (os.cpu_count() or 1)
+    return asked if asked == 1 or have_threadpoolctl() else 1
+
+
+@functools.cache
+def have_threadpoolctl() -> bool:
+    return importlib.util.find_spec("threadpoolctl") is not None
+
+
+@functools.cache
+def blas_threads():
+    """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
+    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
+
+class _Pool:
+    """Threads that wait for blocks: each has its own queue, and reports each block done or failed."""
+
+    def __init__(self) -> None:
+        self.jobs: list[queue.SimpleQueue] = []
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()  # one op at a time shares the pool; another runs on its own thread
+
+    def grow(self, threads: int) -> None:
+        while len(self.jobs) < threads:
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(jobs,), name="ag-op", daemon=True).start()
+            self.jobs.append(jobs)
+
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            block, start, stop = jobs.get()
+            result = None
+            try:
+                block(start, stop)
+            except BaseException as error:  # noqa: BLE001 -- re-raised on the caller's thread
+                result = error
+            block = None  # before reporting: the op's arrays must not outlive it here (ag.trace counts them)
+            self.done.put(result)
+
+
+_pool = _Pool()
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the parent's threads: it starts its own pool when it needs one."""
+    global _pool
+    _pool = _Pool()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def cuts(n: int, parts: int, align: int = 1) -> list[int]:
+    """0 = c_0 ≤ c_1 ≤ … ≤ c_parts = n: n items in ``parts`` blocks, every inner cut a multiple of
+    ``align``: the ⌈n / align⌉ steps of ``align`` items dealt as evenly as they go."""
+    steps = -(-n // align)
+    return [min(n, steps * i // parts * align) for i in range(parts)] + [n]
+
+
+def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int, blas: bool = False,
+              align: int = 1) -> None:
+    """``block(start, stop)`` over items 0..n-1 of an op of ``size`` (elements or multiply-adds):
+    on the caller's thread alone below ``minimum`` or with one worker, else in one block per
+    worker, cut at multiples of ``align``. With ``blas`` (the blocks call products) BLAS is held
+    to one thread whenever threadpoolctl is there, one worker or more, so that a product's bits
+    do not depend on how many threads BLAS or ag gives it."""
+    hold = blas and have_threadpoolctl() and size >= minimum
+    threads = min(workers(), n)
+    with blas_threads().limit(limits=1, user_api="blas") if hold else contextlib.nullcontext():
+        if threads < 2 or size < minimum or not _pool.lock.acquire(blocking=False):
+            block(0, n)
+            return
+        try:
+            _pool.grow(threads - 1)
+            edges = cuts(n, threads, align)
+            for jobs, start, stop in zip(_pool.jobs, edges[1:-1], edges[2:]):
+                jobs.put((block, start, stop))
+            errors = []
+            try:
+                block(edges[0], edges[1])
+            except BaseException as error:  # noqa: BLE001 -- the others must finish before it is raised
+                errors.append(error)
+            errors += [e for e in (_pool.done.get() for _ in range(threads - 1)) if e is not None]
+        finally:
+            _pool.lock.release()
+    if errors:
+        raise errors[0]
