@@ -381,9 +381,9 @@ def parse_args() -> argparse.Namespace:
 
 GOAL = 1.10  # issue 14: ag / torch, in time and in peak memory, in every mode
 LIMITS = {
-    "time": ("NumPy's elementwise passes (softmax, GeLU, layer norm, dropout), run on one core where torch's "
-             "run on both: on the Zen 4 machine ag's products went 1.90 x faster from one thread to two and "
-             "the rest not at all, while torch's whole step went 1.95 x faster (BENCHMARKS.md)"),
+    "time": ("the passes ag still runs on one core (layer norm, dropout, the residual adds, the bias grads, "
+             "the head copies): the products, softmax and GeLU are shared among the cores "
+             "(ag.set_workers), the rest not; torch runs every pass on both (BENCHMARKS.md)"),
     "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory selective": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory full": "the rerun layer's recomputed activations alive beside its backward's grads and temporaries",
