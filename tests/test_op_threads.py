@@ -206,3 +206,25 @@ def test_a_forked_child_shares_large_ops_among_its_own_threads(workers):
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_op_from_another_thread_while_the_pool_is_busy_runs_alone_and_blas_comes_back(workers):
+    workers(2)
+    blas = [c for c in threads.blas_threads().lib_controllers if c.user_api == "blas"]
+    before = [c.num_threads for c in blas]
+    busy, go = threading.Event(), threading.Event()
+
+    def slow(start, stop):
+        busy.set()
+        go.wait(10)
+    first = threading.Thread(target=threads.in_blocks, args=(slow, 2, threads.MIN_PRODUCT, threads.MIN_PRODUCT),
+                             kwargs={"blas": True})
+    first.start()
+    assert busy.wait(10)
+    seen = []
+    threads.in_blocks(lambda a, b: seen.append((a, b, threading.get_ident())), 10, threads.MIN_PRODUCT,
+                      threads.MIN_PRODUCT, blas=True)
+    go.set()
+    first.join(10)
+    assert seen == [(0, 10, threading.get_ident())]
+    assert [c.num_threads for c in blas] == before

@@ -73,7 +73,8 @@ def linear(x, w, b=None) -> Tensor:
 def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """x @ y, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase; with
     ``shape``, written into a fresh array of that shape (not a reshaped view of one). A large
-    product is computed in blocks of rows (or of its stack) on ag's op threads (``threads``)."""
+    product is computed in steps of rows, columns or stacked matrices on ag's op threads
+    (``_ProductBlocks``, ``threads``)."""
     blocks = _product_blocks(x, y)
     if blocks is not None:
         product = np.empty(shape or x.shape[:-1] + y.shape[-1:], np.result_type(x, y))  # C order, as matmul's

@@ -112,25 +112,29 @@ def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int
     on the caller's thread alone below ``minimum`` or with one worker, else in one block per
     worker, cut at multiples of ``align``. With ``blas`` (the blocks call products) BLAS is held
     to one thread whenever threadpoolctl is there, one worker or more, so that a product's bits
-    do not depend on how many threads BLAS or ag gives it."""
-    hold = blas and have_threadpoolctl() and size >= minimum
-    threads = min(workers(), n)
-    with blas_threads().limit(limits=1, user_api="blas") if hold else contextlib.nullcontext():
-        if threads < 2 or size < minimum or not _pool.lock.acquire(blocking=False):
-            block(0, n)
-            return
-        try:
+    do not depend on how many threads BLAS or ag gives it. One op at a time holds the pool and
+    BLAS's setting: an op that comes from another thread meanwhile runs alone on its own thread."""
+    hold = blas and size >= minimum and have_threadpoolctl()
+    threads = min(workers(), n) if size >= minimum else 1
+    if (threads < 2 and not hold) or not _pool.lock.acquire(blocking=False):
+        block(0, n)
+        return
+    errors: list[BaseException] = []
+    try:
+        with blas_threads().limit(limits=1, user_api="blas") if hold else contextlib.nullcontext():
+            if threads < 2:
+                block(0, n)
+                return
             _pool.grow(threads - 1)
             edges = cuts(n, threads, align)
             for jobs, start, stop in zip(_pool.jobs, edges[1:-1], edges[2:]):
                 jobs.put((block, start, stop))
-            errors = []
             try:
                 block(edges[0], edges[1])
             except BaseException as error:  # noqa: BLE001 -- the others must finish before it is raised
                 errors.append(error)
             errors += [e for e in (_pool.done.get() for _ in range(threads - 1)) if e is not None]
-        finally:
-            _pool.lock.release()
+    finally:
+        _pool.lock.release()
     if errors:
         raise errors[0]
