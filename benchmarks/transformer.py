@@ -391,13 +391,15 @@ LIMITS = {
 
 
 def hold_threads(threads: int | None) -> None:
-    """Both frameworks on ``threads`` threads for the rest of the process (None: as they are)."""
+    """Both frameworks on ``threads`` threads for the rest of the process (None: as they are): torch's,
+    NumPy's BLAS and ag's op threads (``ag.set_workers``, whose blocks hold BLAS to one thread each)."""
     if threads is None:
         return
     import torch
     from threadpoolctl import threadpool_limits
     torch.set_num_threads(threads)
     threadpool_limits(limits=threads, user_api="blas")  # stays set: its restore is never called
+    ag.set_workers(threads)
 
 
 def main() -> None:
