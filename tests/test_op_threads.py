@@ -228,3 +228,16 @@ def test_an_op_from_another_thread_while_the_pool_is_busy_runs_alone_and_blas_co
     first.join(10)
     assert seen == [(0, 10, threading.get_ident())]
     assert [c.num_threads for c in blas] == before
+
+
+def test_where_no_thread_may_start_the_caller_does_the_whole_op(workers, monkeypatch):
+    workers(4)
+    monkeypatch.setattr(threads, "_pool", threads._Pool())
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    seen = []
+    threads.in_blocks(lambda a, b: seen.append((a, b, threading.get_ident())), 10, threads.MIN_PASS,
+                      threads.MIN_PASS)
+    assert seen == [(0, 10, threading.get_ident())]

@@ -69,11 +69,17 @@ class _Pool:
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()  # one op at a time shares the pool; another runs on its own thread
 
-    def grow(self, threads: int) -> None:
+    def grow(self, threads: int) -> int:
+        """Start threads up to ``threads``; returns how many there are. Where no more may start (a
+        grading sandbox caps a process's threads), the ones there are do the work."""
         while len(self.jobs) < threads:
             jobs: queue.SimpleQueue = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(jobs,), name="ag-op", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(jobs,), name="ag-op", daemon=True).start()
+            except RuntimeError:  # "can't start new thread"
+                break
             self.jobs.append(jobs)
+        return len(self.jobs)
 
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         while True:
@@ -122,10 +128,10 @@ def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int
     errors: list[BaseException] = []
     try:
         with blas_threads().limit(limits=1, user_api="blas") if hold else contextlib.nullcontext():
+            threads = min(threads, 1 + _pool.grow(threads - 1))
             if threads < 2:
                 block(0, n)
                 return
-            _pool.grow(threads - 1)
             edges = cuts(n, threads, align)
             for jobs, start, stop in zip(_pool.jobs, edges[1:-1], edges[2:]):
                 jobs.put((block, start, stop))
