@@ -62,11 +62,12 @@ def blas_threads():
 
 
 class _Pool:
-    """Threads that wait for blocks: each has its own queue, and reports each block done or failed."""
+    """Threads that wait for blocks: each has its own queue, and reports each block done or failed
+    on the queue the op gave with it (an op interrupted while it waited leaves no report behind
+    for the next one)."""
 
     def __init__(self) -> None:
         self.jobs: list[queue.SimpleQueue] = []
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()  # one op at a time shares the pool; another runs on its own thread
 
     def grow(self, threads: int) -> int:
@@ -83,14 +84,14 @@ class _Pool:
 
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         while True:
-            block, start, stop = jobs.get()
+            block, start, stop, done = jobs.get()
             result = None
             try:
                 block(start, stop)
             except BaseException as error:  # noqa: BLE001 -- re-raised on the caller's thread
                 result = error
             block = None  # before reporting: the op's arrays must not outlive it here (ag.trace counts them)
-            self.done.put(result)
+            done.put(result)
 
 
 _pool = _Pool()
@@ -133,13 +134,14 @@ def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int
                 block(0, n)
                 return
             edges = cuts(n, threads, align)
+            done: queue.SimpleQueue = queue.SimpleQueue()
             for jobs, start, stop in zip(_pool.jobs, edges[1:-1], edges[2:]):
-                jobs.put((block, start, stop))
+                jobs.put((block, start, stop, done))
             try:
                 block(edges[0], edges[1])
             except BaseException as error:  # noqa: BLE001 -- the others must finish before it is raised
                 errors.append(error)
-            errors += [e for e in (_pool.done.get() for _ in range(threads - 1)) if e is not None]
+            errors += [e for e in (done.get() for _ in range(threads - 1)) if e is not None]
     finally:
         _pool.lock.release()
     if errors:
