@@ -78,7 +78,7 @@ def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> n
     blocks = _product_blocks(x, y)
     if blocks is not None:
         product = np.empty(shape or x.shape[:-1] + y.shape[-1:], np.result_type(x, y))  # C order, as matmul's
-        _threads.in_blocks(blocks(product), len(blocks), product.size * x.shape[-1], _threads.MIN_PRODUCT,
+        _threads.in_blocks(blocks(product), len(blocks), blocks.multiply_adds, _threads.MIN_PRODUCT,
                            blas=True, align=blocks.align)
     elif shape is None:  # for 1-D and 2-D operands np.dot is np.matmul (to rounding) without 0.45 µs of set-up
         product = x.dot(y) if x.ndim <= 2 and y.ndim <= 2 else np.matmul(x, y)
@@ -97,8 +97,8 @@ class _ProductBlocks:
     calls are the same for any number of threads: BLAS's kernels take rows and columns in groups
     whose sums may round differently at a block's edge, so the edges must not move with them."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
+    def __init__(self, x: np.ndarray, y: np.ndarray, multiply_adds: int) -> None:
+        self.x, self.y, self.multiply_adds = x, y, multiply_adds
         self.lead = x.shape[:-2]
         self.by_rows = bool(self.lead) or x.shape[0] >= 2 * _STEP_MIN
         steps = -(-len(self) // _STEPS)  # items a step, before rounding up to a multiple of _STEP_MIN
@@ -141,14 +141,15 @@ _STEP_MIN = 64
 def _product_blocks(x: np.ndarray, y: np.ndarray) -> _ProductBlocks | None:
     """A large product's blocks; None for a small one, a vector, a stack whose dimensions
     broadcast, a GPU array, or without threadpoolctl (BLAS shares the product among its own threads)."""
-    if x.size * y.shape[-1] < _threads.MIN_PRODUCT:  # multiply-adds: rows of x · K · N; first, as cheapest
+    multiply_adds = x.size * y.shape[-1]  # rows of x · K · N
+    if multiply_adds < _threads.MIN_PRODUCT:  # first, as the cheapest test
         return None
     if type(x) is not np.ndarray or type(y) is not np.ndarray or x.ndim < 2 or y.ndim < 2 \
             or not _threads.have_threadpoolctl():
         return None
     if (x.ndim == 2 and y.ndim != 2) or (x.ndim > 2 and y.ndim != 2 and x.shape[:-2] != y.shape[:-2]):
         return None
-    return _ProductBlocks(x, y)
+    return _ProductBlocks(x, y, multiply_adds)
 
 
 def _check_matmul(a: Tensor, b: Tensor) -> None:

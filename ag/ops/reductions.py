@@ -138,16 +138,17 @@ def softmax_grad(out: Tensor, y: np.ndarray, axis: int, scale=None) -> np.ndarra
         return g
     dot = np.expand_dims(np.einsum("...i,...i->...", np.moveaxis(dy, axis, -1), np.moveaxis(y, axis, -1)), axis)
     g = grad_to_overwrite(out)
-    g -= dot
-    g *= y
-    if scale is not None:
-        g *= g.dtype.type(scale)
+    _softmax_grad_from(g, dot, y, scale)
     return g
 
 
 def _softmax_grad_rows(dy: np.ndarray, y: np.ndarray, g: np.ndarray, scale) -> None:
-    """softmax_grad on rows (n, k): g = y ∘ (dy - Σ dy ∘ y) (· scale); g may be dy."""
-    dot = np.einsum("ij,ij->i", dy, y)[:, None]
+    """softmax_grad on rows (n, k); g may be dy."""
+    _softmax_grad_from(g, np.einsum("ij,ij->i", dy, y)[:, None], y, scale)
+
+
+def _softmax_grad_from(g: np.ndarray, dot: np.ndarray, y: np.ndarray, scale) -> None:
+    """g = y ∘ (g - dot) (· scale), in g: g holds dy and dot = Σ dy ∘ y on entry."""
     g -= dot
     g *= y
     if scale is not None:

@@ -25,6 +25,8 @@ import queue
 import threading
 from typing import Callable
 
+import numpy as np
+
 # Below these sizes starting the other threads (about 20 µs a handover) costs more than it saves.
 MIN_PRODUCT = 1 << 22  # multiply-adds of a product: (256 × 128) @ (128 × 128), about 40 µs on one core
 MIN_PASS = 1 << 18  # elements of an elementwise or row-wise pass (1 MB of float32)
@@ -146,3 +148,15 @@ def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int
         _pool.lock.release()
     if errors:
         raise errors[0]
+
+
+def elementwise(passes: Callable[..., None], *arrays) -> None:
+    """``passes(*arrays)``, in blocks of elements on ag's op threads when the arrays are large,
+    of one shape, and C-contiguous NumPy arrays (so their flat views are views)."""
+    first = arrays[0]
+    if first.size < MIN_PASS or not all(type(x) is np.ndarray and x.flags.c_contiguous
+                                        and x.shape == first.shape for x in arrays):
+        passes(*arrays)
+        return
+    flat = [x.reshape(-1) for x in arrays]
+    in_blocks(lambda start, stop: passes(*(f[start:stop] for f in flat)), first.size, first.size, MIN_PASS)

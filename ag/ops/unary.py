@@ -49,11 +49,11 @@ def relu(a) -> Tensor:
         value = np.maximum(a.value, _zero(a.value))
     else:
         value = np.empty_like(a.value)
-        _elementwise(lambda y, x: np.maximum(x, _zero(x), out=y), value, a.value)
+        _threads.elementwise(lambda y, x: np.maximum(x, _zero(x), out=y), value, a.value)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
-        _elementwise(_relu_grad, g, saved[out])
+        _threads.elementwise(_relu_grad, g, saved[out])
         accumulate_grad(a, g)
     return make_output(value, "relu", (a,), _backward, saves_output=True)
 
@@ -106,13 +106,13 @@ def gelu(a) -> Tensor:
     da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
     a = _operand("gelu", a)
     y = _gelu_tanh(a.value)  # built in place: one buffer, no temporaries
-    _elementwise(_gelu_from_tanh, y, a.value)
+    _threads.elementwise(_gelu_from_tanh, y, a.value)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         x = saved[a]
         t = _gelu_tanh(x)
         g = grad_to_overwrite(out)
-        _elementwise(_gelu_grad_from_tanh, g, t, x)
+        _threads.elementwise(_gelu_grad_from_tanh, g, t, x)
         del t
         accumulate_grad(a, g)
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
@@ -141,23 +141,10 @@ def _gelu_grad_from_tanh(g: np.ndarray, t: np.ndarray, x: np.ndarray) -> None:
     g += t
 
 
-def _elementwise(passes, *arrays: np.ndarray) -> None:
-    """``passes(*arrays)``, in blocks of elements on ag's op threads when the arrays are large,
-    of one shape, and C-contiguous NumPy arrays (so their flat views are views)."""
-    first = arrays[0]
-    if first.size < _threads.MIN_PASS or not all(type(x) is np.ndarray and x.flags.c_contiguous
-                                                 and x.shape == first.shape for x in arrays):
-        passes(*arrays)
-        return
-    flat = [x.reshape(-1) for x in arrays]
-    _threads.in_blocks(lambda start, stop: passes(*(f[start:stop] for f in flat)), first.size, first.size,
-                       _threads.MIN_PASS)
-
-
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     """t = tanh(c(x + 0.044715 x³)) in one fresh buffer (x·x·x: float ** 3 is 100× slower)."""
     t = np.empty_like(x)  # an array even when x is 0-d
-    _elementwise(_tanh_inner, t, x)
+    _threads.elementwise(_tanh_inner, t, x)
     return t
 
 
