@@ -18,7 +18,7 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO �
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,6 +34,12 @@ DEFAULT_BLOCK_K = 256
 # Without a mask the forward streams wider key tiles: its row max and row sum run faster along
 # rows of 512 than of 256, and it has no diagonal tile to half waste (BENCHMARKS.md, "History").
 DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
+LOG2_E = 1.0 / math.log(2.0)
+# NumPy's float exp2 keeps its fast path for |x| up to about 126: log2 e · 80 is 115.4
+EXP2_SAFE = 80.0
+# The forward's shift of the scores before exp: "fixed" (0, checked, ``fixed_shift_forward``) or
+# "running" (the paper's running max m_i, ``tiled_forward``).
+SHIFTS = ("fixed", "running")
 
 
 # ---- shapes and masks ----
@@ -181,7 +187,7 @@ def _check_block(op: str, name: str, size) -> None:
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT_BLOCK_Q,
                     block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
-                    workers: int | None = None):
+                    workers: int | None = None, shift: str = "fixed"):
     """O = softmax(scale · Q Kᵀ + mask) V, tile by tile: no N×N array is ever held.
 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile
@@ -201,8 +207,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     runs on the caller's thread. None means the machine's cores; without threadpoolctl
     (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
+
+    ``shift`` (NumPy path, forward): what is subtracted from the scores before exp. ``"running"`` is
+    the paper's running row max m_i (``tiled_forward``: a max, a subtract and an exp pass over each
+    tile). ``"fixed"`` (the default) subtracts nothing, since softmax does not depend on the shift: one
+    exp pass a tile (``fixed_shift_forward``; exp2 where the scores are known to be small), checked
+    after each query tile, whose rows are redone with the running max where a score left exp's
+    range. The backward needs no shift: it reads L.
     """
     _check_causal("flash_attention", causal)
+    if shift not in SHIFTS:
+        raise ValueError(f"flash_attention: shift must be 'fixed' or 'running', got {shift!r}")
     _check_block("flash_attention", "block_q", block_q)
     if block_k is not None:
         _check_block("flash_attention", "block_k", block_k)
@@ -211,7 +226,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     if _backend(backend, tq) == "cupy":
         forward, backward = _cupy_passes(causal, scale)
     else:
-        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k, workers)
+        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k, workers, shift)
     o, lse = forward(tq.value, tk.value, tv.value)
     if not tensors:
         return (o, lse) if return_lse else o
@@ -226,9 +241,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
 
 
 def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int | None,
-                  workers: int | None = None):
-    """Forward and backward on NumPy: ``tiled_forward`` and ``tiled_backward`` over one call's
-    tiles, run by run (some key/value heads each) on ``workers`` threads."""
+                  workers: int | None = None, shift: str = "fixed"):
+    """Forward and backward on NumPy: ``fixed_shift_forward`` (or ``tiled_forward``) and
+    ``tiled_backward`` over one call's tiles, run by run (some key/value heads each) on ``workers``
+    threads."""
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
@@ -244,15 +260,16 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     def forward(q, k, v):
         # each run writes its heads' rows of O and L in place: no joining copy
         o, lse = _forward_outputs(q, k, v)
+        loop = fixed_shift_forward if shift == "fixed" else tiled_forward
 
         def run_loop(own: _Tiles, run: attention_workers.Run) -> None:
-            tiled_forward(own, run.part(q, heads.group), run.part(k), run.part(v),
-                          out=(run.part(o, heads.group), run.part(lse, heads.group, axis=-2)))
+            loop(own, run.part(q, heads.group), run.part(k), run.part(v),
+                 out=(run.part(o, heads.group), run.part(lse, heads.group, axis=-2)))
         runs, own = _shared_out(forward_tiles, o.dtype, threads)
         for t in own:  # on the caller's thread, before the loops (``_Tiles.reserve_scores``)
             t.reserve_scores(o.dtype)
         _each_run(runs, own, run_loop, hold_blas=asked > 1)
-        forward_tiles.count_products(2)  # S = QKᵀ, PV
+        forward_tiles.count_products(2, cut=shift == "fixed")  # S = QKᵀ, PV
         return o, lse
 
     def backward(q, k, v, o, lse, do):
@@ -330,11 +347,14 @@ def _backend(backend: str, q: Tensor) -> str:
 class _Tiles:
     """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share."""
 
-    def __init__(self, heads: _Heads, causal, scale: float, block_q: int, block_k: int) -> None:
+    def __init__(self, heads: _Heads, causal, scale: float, block_q: int, block_k: int,
+                 offset: int | None = None) -> None:
         self.heads, self.causal, self.scale = heads, causal, scale
         self.block_q, self.block_k = block_q, block_k
         # query i sees keys 0..i + offset
-        self.offset = heads.n_k - heads.n_q if causal == "bottom_right" else 0
+        if offset is None:
+            offset = heads.n_k - heads.n_q if causal == "bottom_right" else 0
+        self.offset = offset
         self._masks: dict[tuple, np.ndarray] = {}
         self._scores: np.ndarray | None = None  # S_ij's buffer, reused by every tile
         self._ones: np.ndarray | None = None  # row_sum's vector of ones
@@ -349,6 +369,12 @@ class _Tiles:
         if self.causal:
             stop = max(0, min(stop, q_stop + self.offset))
         return range(0, stop, self.block_k)
+
+    def key_slices(self, q_start: int, q_stop: int):
+        """The key tiles that rows q_start..q_stop-1 can see, as slices, the last one cut at the last
+        key any of them sees: a causal mask's diagonal leaves no tile of keys that no row sees."""
+        stop = self.key_tiles(q_start, q_stop).stop
+        return [slice(k, min(k + self.block_k, stop)) for k in range(0, stop, self.block_k)]
 
     def query_tiles(self, k_start: int):
         """The query tiles that can see some key from k_start on (causal: skip tiles above it)."""
@@ -387,6 +413,24 @@ class _Tiles:
             self._scores = np.empty(size, dtype)
         return self._scores[:size].reshape(shape)
 
+    def base2_queries(self, q_i: np.ndarray, longest_key: float) -> np.ndarray | None:
+        """log2 e · q_i, for ``exp_scores`` to take e^S as 2^(log2 e · S), when every score of this
+        query tile is known to lie within ±``EXP2_SAFE`` (‖q_i‖ · max ‖k_j‖ bounds it); else None."""
+        if _longest_row(q_i) * longest_key > EXP2_SAFE:
+            return None
+        return q_i * q_i.dtype.type(LOG2_E)
+
+    def exp_scores(self, q_i: np.ndarray, q2_i: np.ndarray | None, k_j: np.ndarray, q_start: int,
+                   k_start: int) -> np.ndarray:
+        """P_ij = e^(S_ij), masked entries 0, in S_ij's buffer. NumPy's exp2 takes half exp's time,
+        but far longer on an input beyond ±126 (an underflow, a masked -inf): it is used on a tile
+        without a mask whose scores ``base2_queries`` bounded, exp on any other."""
+        if q2_i is not None and not self.masked(q_start, k_start, k_j.shape[-2]):
+            s = self.scores(q2_i, k_j, q_start, k_start)
+            return np.exp2(s, out=s)
+        s = self.scores(q_i, k_j, q_start, k_start)
+        return np.exp(s, out=s)
+
     @staticmethod
     def row_max(s: np.ndarray) -> np.ndarray:
         """rowmax(S) of a score tile, as (..., rows, 1). ``np.fmax`` skips NaN where ``np.max`` must
@@ -414,28 +458,45 @@ class _Tiles:
         heads = _Heads(h.lead if run.index is None else (), run.heads * h.group, run.heads, h.n_q, h.n_k, h.d)
         return _Tiles(heads, self.causal, self.scale, self.block_q, self.block_k)
 
-    def count_products(self, per_tile: int) -> None:
+    def for_rows(self, q_start: int, q_stop: int) -> _Tiles:
+        """The tiles of query rows q_start..q_stop-1 alone, as a call of their own: their query 0 is
+        row q_start, which sees as far as it did. They share this call's S buffer."""
+        rows = _Tiles(replace(self.heads, n_q=q_stop - q_start), self.causal, self.scale, self.block_q,
+                      self.block_k, offset=self.offset + q_start)
+        rows._scores = self._scores
+        return rows
+
+    def count_products(self, per_tile: int, cut: bool = False) -> None:
         """Tell ``count_ops`` about ``per_tile`` (rows × d)·(d × cols) products on every visited
-        tile of every query head: 2·rows·cols·d FLOPs each, as ``_mm`` counts a matmul."""
+        tile of every query head: 2·rows·cols·d FLOPs each, as ``_mm`` counts a matmul. ``cut``:
+        the tiles are ``key_slices``, the last one cut at the diagonal."""
         h = self.heads
-        area = sum(min(self.block_q, h.n_q - q0) * min(self.block_k, h.n_k - k0)
-                   for q0 in range(0, h.n_q, self.block_q)
-                   for k0 in self.key_tiles(q0, min(q0 + self.block_q, h.n_q)))
+        area = 0
+        for q0 in range(0, h.n_q, self.block_q):
+            q1 = min(q0 + self.block_q, h.n_q)
+            cols = self.key_slices(q0, q1) if cut else [slice(k0, min(k0 + self.block_k, h.n_k))
+                                                        for k0 in self.key_tiles(q0, q1)]
+            area += (q1 - q0) * sum(c.stop - c.start for c in cols)
         heads = math.prod(h.lead) * h.h
         for _ in range(per_tile):
             count_matmul(config.phase, 2 * area * h.d * heads)
+
+    def masked(self, q_start: int, k_start: int, cols: int) -> bool:
+        """Does the causal mask hide some of the ``cols`` keys from k_start on from some query of the
+        tile from q_start? Its first query sees the fewest."""
+        return bool(self.causal) and k_start + cols - 1 > q_start + self.offset
 
     def mask(self, q_start: int, k_start: int, rows: int, cols: int, dtype) -> np.ndarray | None:
         """The causal mask of one tile as a (rows, cols) bound for ``np.fmin``: NaN where the query
         sees the key, -inf where it does not. fmin takes the operand that is not NaN, so fmin(s, NaN)
         is s (a NaN score stays NaN) and fmin(s, -inf) is -inf (a NaN score too), at the cost of one
         add. None when every query of the tile sees every key of it. Tiles on a diagonal share one."""
-        if not self.causal or k_start + cols - 1 <= q_start + self.offset:
+        if not self.masked(q_start, k_start, cols):
             return None
         key = (k_start - q_start, rows, cols, np.dtype(dtype))
         if key not in self._masks:
-            visible = _visible(self.causal, np.arange(q_start, q_start + rows),
-                               np.arange(k_start, k_start + cols), self.heads.n_q, self.heads.n_k)
+            keys, queries = np.arange(k_start, k_start + cols), np.arange(q_start, q_start + rows)
+            visible = keys[None, :] <= queries[:, None] + self.offset
             self._masks[key] = np.where(visible, np.nan, -np.inf).astype(dtype)
         return self._masks[key]
 
@@ -479,6 +540,57 @@ def tiled_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
             lse_g[..., rows] = (m_i + np.log(l_i))[..., 0]
         ### END SOLUTION
     return o, lse
+
+
+def fixed_shift_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                        out=None) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 1 with a fixed shift of 0 in place of the running max: softmax(S) = e^S / Σ e^S
+    for any shift, and m_i is there only to keep e^(S - m_i) in range. While it is, each tile needs
+    one pass, P = e^S, where the running max needs three (max, subtract, exp); l_i and acc add up
+    with no rescaling, and L = log l_i. A fixed shift checked after the fact is FlashDecoding++'s
+    unified max value (Hong et al., 2023).
+
+    After each query tile, every row's l_i must lie in [tiny · 2^62, max]: then no e^S overflowed,
+    and the scores that underflowed (each below tiny) make less than 2^-30 of l_i for N < 2^32, under
+    the float's own rounding. Else (a score too large, a row that sees no key or only scores too
+    small, a NaN) the tile's rows are redone with the running max (``tiled_forward``), which gives
+    0 for a row that sees nothing and carries a NaN.
+
+    Not an exercise, but it solves exercise 4 another way: a student's copy of ag (``ag assign
+    --release``) has ``tiled_forward`` in its place (``Exercise.withheld``)."""
+    ### BEGIN SOLUTION
+    h = tiles.heads
+    qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
+    o, lse = out or _forward_outputs(q, k, v)
+    og, lse_g = tiles.grouped(o, h.group), tiles.grouped(lse[..., None], h.group)[..., 0]
+    dtype = og.dtype
+    info = np.finfo(dtype)
+    smallest, longest_key = np.ldexp(info.tiny, 62), _longest_row(kg)
+    for q_start in range(0, h.n_q, tiles.block_q):
+        rows = slice(q_start, q_start + tiles.block_q)
+        q_i = tiles.scaled_queries(qg, rows)
+        q2_i = tiles.base2_queries(q_i, longest_key)
+        l_i = np.zeros(q_i.shape[:-1] + (1,), dtype=dtype)
+        acc = np.zeros(q_i.shape, dtype=dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # the check below catches both
+            for cols in tiles.key_slices(q_start, q_start + q_i.shape[-2]):
+                p = tiles.exp_scores(q_i, q2_i, kg[..., cols, :], q_start, cols.start)
+                l_i += tiles.row_sum(p)
+                acc += np.matmul(p, vg[..., cols, :])
+        if np.all((l_i >= smallest) & (l_i <= info.max)) and np.isfinite(acc).all():
+            np.divide(acc, l_i, out=og[..., rows, :])
+            lse_g[..., rows] = np.log(l_i)[..., 0]
+        else:
+            stop = min(q_start + tiles.block_q, h.n_q)
+            tiled_forward(tiles.for_rows(q_start, stop), q[..., rows, :], k, v,
+                          out=(o[..., rows, :], lse[..., rows]))
+    return o, lse
+    ### END SOLUTION
+
+
+def _longest_row(x: np.ndarray) -> float:
+    """max ‖x_j‖ over the rows of x: with ‖q_i‖, it bounds every score |q_i · k_j| (Cauchy-Schwarz)."""
+    return math.sqrt(float(np.max(np.einsum("...j,...j->...", x, x), initial=0.0)))
 
 
 def tiled_backward(tiles: _Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

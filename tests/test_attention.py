@@ -338,7 +338,7 @@ def threads_at_any_size(monkeypatch):
 def test_a_call_too_small_to_share_runs_on_the_callers_thread_with_blas_at_one_thread(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention, attention_workers
-    seen, forward = [], attention.tiled_forward
+    seen, forward = [], attention.fixed_shift_forward
     # the BLAS libraries loaded when ag first limits them, NumPy's among them; one loaded later
     # (scipy's, by a test run before this one) does no work for attention and is not limited
     held = {c.filepath for c in attention_workers.blas_threads().lib_controllers if c.user_api == "blas"}
@@ -347,7 +347,7 @@ def test_a_call_too_small_to_share_runs_on_the_callers_thread_with_blas_at_one_t
         blas = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["filepath"] in held]
         seen.append((threading.get_ident(), blas))
         return forward(*args, **kwargs)
-    monkeypatch.setattr(attention, "tiled_forward", spy)
+    monkeypatch.setattr(attention, "fixed_shift_forward", spy)
     q, k, v = qkv(128, 128, 16, 4, 4, dtype=np.float32, batch=(2,))  # 2 · 4 · 128² · 16 = 2^21 products
     assert attention_workers.threads_for(2 * 4 * 128 * 128 * 16, 2) == 1
     assert attention_workers.threads_for(2 * attention_workers.MIN_PRODUCTS_PER_THREAD, 4) == 2
@@ -440,7 +440,7 @@ def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monke
     def blas_threads():
         return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
     before = blas_threads()
-    forward = attention.tiled_forward
+    forward = attention.fixed_shift_forward
     arrays = qkv(32, 32, 8, 4, 4, dtype=np.float32)
 
     def fails_on_one_share(tiles, q, k, v, out=None):
@@ -448,7 +448,7 @@ def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monke
         if first == (failing == "first"):
             raise RuntimeError("a worker failed")
         return forward(tiles, q, k, v, out=out)
-    monkeypatch.setattr(attention, "tiled_forward", fails_on_one_share)
+    monkeypatch.setattr(attention, "fixed_shift_forward", fails_on_one_share)
     with pytest.raises(RuntimeError, match="a worker failed"):
         flash_attention(*arrays, workers=2)
     assert blas_threads() == before
@@ -491,7 +491,7 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
                 in_loop.pass_ = None
         return run
     monkeypatch.setattr(attention._Tiles, "_score_tile", spy)
-    for name in ("tiled_forward", "tiled_backward"):
+    for name in ("fixed_shift_forward", "tiled_backward"):
         monkeypatch.setattr(attention, name, looped(name))
     q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys; two runs of one k/v head
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
@@ -544,7 +544,7 @@ def test_a_run_is_the_view_of_its_heads_in_every_array():
 def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monkeypatch, batch, h, h_kv, threads_at_any_size):
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention, attention_workers
-    threads, forward, both_started = set(), attention.tiled_forward, threading.Barrier(2, timeout=10)
+    threads, forward, both_started = set(), attention.fixed_shift_forward, threading.Barrier(2, timeout=10)
 
     def spy(*args, **kwargs):
         if threading.get_ident() not in threads:
@@ -553,7 +553,7 @@ def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monke
         return forward(*args, **kwargs)
     q, k, v = qkv(80, 80, 8, h, h_kv, dtype=np.float32, batch=batch)
     alone = flash_attention(q, k, v, causal=True, workers=1, block_q=32, block_k=32)
-    monkeypatch.setattr(attention, "tiled_forward", spy)
+    monkeypatch.setattr(attention, "fixed_shift_forward", spy)
     monkeypatch.setattr(attention_workers, "SCORE_TILE_BYTES", 32 * 32 * 4)  # a run: one head of one entry
     shared = flash_attention(q, k, v, causal=True, workers=2, block_q=32, block_k=32)
     assert len(threads) == 2

@@ -40,7 +40,7 @@ def cut_solutions(source: str, *, keep: bool) -> str:
     """Drop the markers; with ``keep=False`` also replace each marked region by the stub."""
     lines = source.splitlines()
     regions = _regions(lines)
-    return "\n".join(_cut(lines, regions, [not keep] * len(regions))) + "\n"
+    return "\n".join(_cut(lines, regions, [None if keep else STUB] * len(regions))) + "\n"
 
 
 def _regions(lines: list[str]) -> list[tuple[int, int]]:
@@ -62,14 +62,14 @@ def _regions(lines: list[str]) -> list[tuple[int, int]]:
     return regions
 
 
-def _cut(lines: list[str], regions: list[tuple[int, int]], stubs: list[bool]) -> list[str]:
-    """The lines without markers; each region whose flag in ``stubs`` is set becomes the stub at its indent."""
+def _cut(lines: list[str], regions: list[tuple[int, int]], stubs: list[tuple[str, ...] | None]) -> list[str]:
+    """The lines without markers; each region with lines in ``stubs`` becomes them, at its indent."""
     out, previous = [], 0
     for (begin, end), stub in zip(regions, stubs):
         out.extend(lines[previous:begin])
         if stub:
             indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-            out.extend(indent + s for s in STUB)
+            out.extend(indent + s for s in stub)
         else:
             out.extend(lines[begin + 1:end])
         previous = end + 1
@@ -165,7 +165,8 @@ def package_files(stub: Iterable[int]) -> dict[str, bytes]:
     for source in _package_sources(PACKAGE):
         data = source.data
         if source.regions:
-            spans, stubs = [r[:2] for r in source.regions], [r.exercise in stub for r in source.regions]
+            spans = [r[:2] for r in source.regions]
+            stubs = [r.stub if r.exercise in stub else None for r in source.regions]
             data = ("\n".join(_cut(source.lines, spans, stubs)) + "\n").encode()
         files[source.name] = data
     numbers = "{" + ", ".join(map(str, sorted(stub))) + "}" if stub else ""
@@ -186,6 +187,7 @@ class _Region(NamedTuple):
     begin: int  # line index of BEGIN
     end: int  # line index of END
     exercise: int  # the number of the exercise whose function holds it
+    stub: tuple[str, ...] = STUB  # what it becomes where that exercise is a stub
 
 
 class _Source(NamedTuple):
@@ -220,8 +222,9 @@ def _owned_regions(name: str, lines: Sequence[str]) -> tuple[_Region, ...]:
         raise ValueError(f"{name}, {error}") from None
     spans = _top_level_spans("\n".join(lines))
     module = ".".join(Path(name).with_suffix("").parts[1:])
-    owners = {f: e.number for e in EXERCISES for m, f in e.functions if m == module}
-    return tuple(_Region(begin, end, _owner(name, begin, end, spans, owners)) for begin, end in regions)
+    owners = {f: (e.number, STUB) for e in EXERCISES for m, f in e.functions if m == module}
+    owners.update({f: (e.number, (stand_in,)) for e in EXERCISES for m, f, stand_in in e.withheld if m == module})
+    return tuple(_Region(begin, end, *_owner(name, begin, end, spans, owners)) for begin, end in regions)
 
 
 def _top_level_spans(text: str) -> list[tuple[str, int, int]]:
@@ -231,14 +234,16 @@ def _top_level_spans(text: str) -> list[tuple[str, int, int]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
-def _owner(name: str, begin: int, end: int, spans: list[tuple[str, int, int]], owners: dict[str, int]) -> int:
-    """The exercise whose function encloses the region from ``begin`` to ``end`` (line indexes)."""
+def _owner(name: str, begin: int, end: int, spans: list[tuple[str, int, int]],
+           owners: dict[str, tuple[int, tuple[str, ...]]]) -> tuple[int, tuple[str, ...]]:
+    """The exercise whose function encloses the region from ``begin`` to ``end`` (line indexes), and
+    the stub the region becomes where that exercise is one."""
     enclosing = [f for f, first, last in spans if first <= begin <= last]
     if not enclosing or enclosing[0] not in owners:
         where = f"in {enclosing[0]}(), which" if enclosing else "outside every function, and"
         raise ValueError(f"{name} line {begin + 1}: a marked solution region {where} no exercise lists "
-                         "in Exercise.functions (ag/course/exercises.py); a region must sit in an exercise's "
-                         "function")
+                         "in Exercise.functions or Exercise.withheld (ag/course/exercises.py); a region must "
+                         "sit in an exercise's function")
     if any(begin < first <= end for _, first, _ in spans):
         raise ValueError(f"{name} line {begin + 1}: a marked solution region runs out of {enclosing[0]}() "
                          "into the next definition; close it inside the function")

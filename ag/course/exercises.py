@@ -21,6 +21,10 @@ class Exercise:
     checks: str
     expected: str
     needs: tuple[int, ...] = ()  # exercises whose solved functions the self-check runs on in the release
+    # (module, function, stand-in): ag's functions that solve this exercise another way. Their marked
+    # regions are cut to the stand-in (one line of code) wherever the exercise is a stub, and they are
+    # never copied into the exercise: a student's ag must not hand over what the student writes.
+    withheld: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -86,15 +90,17 @@ EXERCISES = (
         "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
         "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
         "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
-        "columns (np.max and np.sum with keepdims=True give the same, more slowly).",
+        "columns (np.max and np.sum with keepdims=True give the same, more slowly). "
+        "flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's own.",
         (("attention", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention import _Tiles, _forward_outputs",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
-        "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)\n"
+        "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, shift='running')\n"
         "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))",
         "equals naive: True",
-        needs=()),
+        needs=(),
+        withheld=(("attention", "fixed_shift_forward", "return tiled_forward(tiles, q, k, v, out=out)"),)),
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "

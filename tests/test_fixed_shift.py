@@ -1,0 +1,160 @@
+"""flash_attention's default forward: a fixed shift of 0 in place of the running max, checked after
+each query tile, with the running max (``tiled_forward``) redoing the tiles whose scores leave exp's
+range. It must give what the running max gives, for every mask, head grouping and dtype."""
+import numpy as np
+import pytest
+
+from ag import attention
+from ag.attention import _check_shapes, _Tiles, fixed_shift_forward, flash_attention, naive_attention
+
+
+def qkv(n_q, n_k, d, h=2, h_kv=2, dtype=np.float64, seed=0, batch=(2,)):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(batch + (h, n_q, d)).astype(dtype),
+            rng.standard_normal(batch + (h_kv, n_k, d)).astype(dtype),
+            rng.standard_normal(batch + (h_kv, n_k, d)).astype(dtype))
+
+
+@pytest.fixture
+def redone(monkeypatch):
+    """The (row offset, rows) of every query tile the running max redoes."""
+    calls, running = [], attention.tiled_forward
+
+    def spy(tiles, q, k, v, out=None):
+        calls.append((tiles.offset, q.shape[-2]))
+        return running(tiles, q, k, v, out=out)
+    monkeypatch.setattr(attention, "tiled_forward", spy)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("n_q, n_k", [(70, 45), (45, 70), (64, 64), (1, 9)])
+@pytest.mark.parametrize("h, h_kv", [(2, 2), (4, 1), (6, 3)])
+def test_the_fixed_shift_gives_what_the_running_max_gives(n_q, n_k, h, h_kv, causal):
+    q, k, v = qkv(n_q, n_k, 8, h, h_kv)
+    fixed, lse_fixed = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True)
+    running, lse_running = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True,
+                                           shift="running")
+    np.testing.assert_allclose(fixed, running, rtol=1e-13, atol=1e-14)
+    np.testing.assert_array_equal(np.isneginf(lse_fixed), np.isneginf(lse_running))
+    seen = ~np.isneginf(lse_running)
+    np.testing.assert_allclose(lse_fixed[seen], lse_running[seen], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(fixed, naive_attention(q, k, v, causal=causal), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_stays_within_float32_rounding_of_float64(causal):
+    q, k, v = qkv(300, 300, 64, 4, 2)
+    exact = naive_attention(q, k, v, causal=causal)
+    got = flash_attention(*(x.astype(np.float32) for x in (q, k, v)), causal=causal)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, exact, rtol=0, atol=2e-6)
+
+
+def test_typical_scores_need_no_redo(redone):
+    flash_attention(*qkv(200, 300, 16), block_q=64, block_k=64)
+    flash_attention(*qkv(200, 300, 16), causal=True, block_q=64, block_k=64)
+    assert redone == []
+
+
+@pytest.mark.parametrize("score", [1e3, -1e3])
+def test_a_row_whose_scores_leave_exps_range_has_only_its_query_tile_redone(redone, score):
+    """Row 37 sees every key at the same score, e^1000 (overflows) or e^-1000 (underflows to 0):
+    softmax is still uniform there, O the mean of V. Only the query tile holding it (rows 32..47)
+    is redone, bit for bit as the running max computes it."""
+    q, k, v = qkv(70, 45, 8, batch=())
+    k[:] = 1.0
+    q[:, 37] = score / 8 * np.sqrt(8)  # scale · q · k = score for every key
+    fixed = flash_attention(q, k, v, block_q=16, block_k=8)
+    assert redone == [(32, 16)]  # that query tile of both heads, which share one run
+    running = flash_attention(q, k, v, block_q=16, block_k=8, shift="running")
+    np.testing.assert_array_equal(fixed[:, 32:48], running[:, 32:48])
+    np.testing.assert_allclose(fixed[:, 37], v.mean(axis=-2), rtol=1e-12)
+    np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
+
+
+def test_rows_that_see_no_key_are_redone_and_give_zero_and_minus_infinity(redone):
+    q, k, v = qkv(40, 24, 8)  # bottom-right: rows 0..15 see nothing
+    o, lse = flash_attention(q, k, v, causal="bottom_right", block_q=16, block_k=8, return_lse=True)
+    assert {offset for offset, _ in redone} == {-16}  # the first query tile: 24 - 40 + 0
+    assert np.all(o[..., :16, :] == 0) and np.all(np.isneginf(lse[..., :16]))
+    np.testing.assert_allclose(o, naive_attention(q, k, v, causal="bottom_right"), rtol=1e-12, atol=1e-13)
+
+
+def test_a_nan_in_a_query_reaches_only_its_row():
+    q, k, v = qkv(40, 40, 8)
+    q[0, 1, 21, 3] = np.nan
+    o = flash_attention(q, k, v, causal=True, block_q=16, block_k=8)
+    assert np.isnan(o[0, 1, 21]).all()
+    assert not np.isnan(np.delete(o[0, 1], 21, axis=0)).any() and not np.isnan(o[1]).any()
+
+
+def tiles_for(q, k, v, causal=False, block_q=16, block_k=16):
+    return _Tiles(_check_shapes("test", q, k, v), causal, 1 / np.sqrt(q.shape[-1]), block_q, block_k)
+
+
+def test_exp2_only_where_the_scores_are_bounded_and_unmasked():
+    """e^S by exp2 on log2 e · q on an unmasked tile whose scores ‖q‖ · max ‖k‖ bounds within
+    EXP2_SAFE, and by exp on any other: both give e^S, masked entries exactly 0."""
+    q, k, v = qkv(32, 32, 8, batch=(), dtype=np.float32)
+    tiles = tiles_for(q, k, v, causal=True)
+    q_i, k_j = tiles.scaled_queries(q, slice(16, 32)), k[..., 0:16, :]
+    s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
+    q2_i = tiles.base2_queries(q_i, attention._longest_row(k))
+    assert q2_i is not None
+    below = tiles.exp_scores(q_i, q2_i, k_j, 16, 0).copy()  # a tile under the diagonal: no mask
+    np.testing.assert_array_equal(below, np.exp2(np.matmul(q2_i, np.swapaxes(k_j, -1, -2))))
+    np.testing.assert_allclose(below, np.exp(s), rtol=2e-6)
+    diagonal = tiles.exp_scores(q_i, q2_i, k[..., 16:32, :], 16, 16).copy()
+    s_diag = np.matmul(q_i, np.swapaxes(k[..., 16:32, :], -1, -2))
+    np.testing.assert_array_equal(diagonal, np.where(np.tril(np.ones((16, 16), bool)), np.exp(s_diag), 0))
+    assert tiles.base2_queries(q_i * 100, attention._longest_row(k)) is None  # ‖q‖ · ‖k‖ past EXP2_SAFE
+
+
+def test_key_slices_stop_at_the_last_key_a_query_tile_sees():
+    q, k, v = qkv(64, 64, 8, batch=())
+    tiles = tiles_for(q, k, v, causal=True, block_q=16, block_k=32)
+    assert tiles.key_slices(16, 32) == [slice(0, 32)]
+    assert tiles.key_slices(32, 48) == [slice(0, 32), slice(32, 48)]
+    assert tiles_for(q, k, v, block_k=32).key_slices(0, 16) == [slice(0, 32), slice(32, 64)]
+
+
+@pytest.mark.parametrize("causal", [True, "bottom_right"])
+def test_the_tiles_of_some_rows_see_what_those_rows_saw(causal):
+    q, k, v = qkv(40, 56, 8, batch=())
+    tiles = tiles_for(q, k, v, causal=causal, block_q=8, block_k=8)
+    rows = tiles.for_rows(16, 24)
+    assert rows.heads.n_q == 8 and rows.key_tiles(0, 8) == tiles.key_tiles(16, 24)
+    for k_start in range(0, 56, 8):
+        whole, part = tiles.mask(16, k_start, 8, 8, np.float64), rows.mask(0, k_start, 8, 8, np.float64)
+        assert (whole is None) == (part is None)
+        if whole is not None:
+            np.testing.assert_array_equal(np.isnan(whole), np.isnan(part))
+
+
+def test_an_unknown_shift_is_refused():
+    with pytest.raises(ValueError, match="shift must be 'fixed' or 'running', got 'max'"):
+        flash_attention(*qkv(4, 4, 4), shift="max")
+
+
+def test_each_forward_counts_the_products_it_computes():
+    """Causal, 16-row query tiles, 32-key tiles: the fixed shift cuts the last key tile of each
+    query tile at its last visible key (16, 32, 32 + 16, 32 + 32 keys); the running max computes
+    whole tiles (32, 32, 64, 64)."""
+    import ag
+    q, k, v = qkv(64, 64, 8, h=1, h_kv=1, batch=())
+    counts = {}
+    for shift in ("fixed", "running"):
+        with ag.count_ops() as counts[shift]:
+            flash_attention(q, k, v, causal=True, block_q=16, block_k=32, shift=shift)
+    for shift, keys in (("fixed", 16 + 32 + 48 + 64), ("running", 32 + 32 + 64 + 64)):
+        assert counts[shift].flops["forward"] == 2 * (2 * 16 * keys * 8)  # S = QKᵀ and PV, 2·m·n·k each
+
+
+def test_fixed_shift_forward_fills_given_outputs_in_place():
+    q, k, v = qkv(33, 20, 8)
+    tiles = tiles_for(q, k, v, block_q=16, block_k=8)
+    o, lse = np.zeros_like(q), np.full(q.shape[:-1], -np.inf)
+    got = fixed_shift_forward(tiles, q, k, v, out=(o, lse))
+    assert got[0] is o and got[1] is lse
+    np.testing.assert_allclose(o, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
