@@ -546,9 +546,9 @@ def fixed_shift_forward(tiles: _Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarr
                         out=None) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1 with a fixed shift of 0 in place of the running max: softmax(S) = e^S / Σ e^S
     for any shift, and m_i is there only to keep e^(S - m_i) in range. While it is, each tile needs
-    one pass, P = e^S, where the running max needs three (max, subtract, exp); l_i and acc add up
-    with no rescaling, and L = log l_i. A fixed shift checked after the fact is FlashDecoding++'s
-    unified max value (Hong et al., 2023).
+    one pass, P = e^S (``_Tiles.exp_scores``: exp2 where the scores are bounded), where the running
+    max needs three (max, subtract, exp); l_i and acc add up with no rescaling, and L = log l_i. A
+    fixed shift checked after the fact is FlashDecoding++'s unified max value (Hong et al., 2023).
 
     After each query tile, every row's l_i must lie in [tiny · 2^62, max]: then no e^S overflowed,
     and the scores that underflowed (each below tiny) make less than 2^-30 of l_i for N < 2^32, under

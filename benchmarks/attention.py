@@ -390,9 +390,10 @@ def torch_limit(n: int, head: dict[str, float]) -> str:
     limit = (f"one head on one thread (2c, N = {n}): flash {flash * 1e3:.2f} ms against torch SDPA's "
              f"{sdpa * 1e3:.2f}; its two products (QK^T and PV, sgemm with K = d = 64 or with N = d) take "
              f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
-             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): NumPy's fmax, subtract and "
-             "exp passes over each tile and its row sum, which no NumPy call fuses, the per-row ops and the "
-             "Python between calls. ")
+             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): the exp pass over each "
+             "tile (exp2 where the scores are bounded; with the default fixed shift, no max or subtract pass) "
+             "and its row sum, which no NumPy call fuses with the products, the per-row ops and the Python "
+             "between calls. ")
     if blas > BLAS_PARITY:
         limit += "NumPy's BLAS is the first limit here. "
     else:
@@ -559,6 +560,8 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
          lambda: t["alpha"] * t["m"] + np.matmul(p, t["ones"])[..., None], "", None),
         ("fwd", "acc = α acc + P V_j", lambda: t["alpha"] * t["acc"] + np.matmul(p, t["v_j"]),
          "acc *= α; acc += P V_j", inplace_acc),
+        ("fixed", "default forward: P = exp2(log2 e · S, out=S)", lambda: np.exp2(s, out=buf),
+         "exp(S, out=S) (a masked or unbounded tile)", lambda: np.exp(s, out=buf)),
         ("bwd", "P = exp(S - L_i, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= L_i; exp(S, out=S)",
          lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
         ("bwd", "dV_j += Σ_group Pᵀ dO_i", lambda: np.add(t["dv"], np.sum(np.matmul(sw(p, -1, -2), t["do_i"]),
@@ -599,7 +602,8 @@ def anatomy(n: int, blocks: dict, number: int) -> None:
                      "" if alt_us is None else f"{alt_us:.0f}", "" if alt_us is None else f"{alt_us / us:.2f}"])
     print_table(f"4. One tile of flash ({block_q} x {block_k}, {heads} of the {H} heads, as one run holds them), each "
                 f"NumPy call timed alone on one thread: best µs per tile of {number}-call loops; ms per non-causal "
-                f"pass at N = {n} ({tiles} such tiles)",
+                f"pass at N = {n} ({tiles} such tiles). fwd: the running max (shift='running', exercise 4's "
+                f"loop); fixed: the default forward, which keeps S_ij, P's exp, its row sum and acc += P V_j",
                 ["pass", "step as ag writes it", "µs / tile", f"ms at N={n}", "alternative", "µs / tile",
                  "alt / ag"], rows)
     for part, (as_ag, alt) in totals.items():
