@@ -34,6 +34,8 @@ DEFAULT_BLOCK_K = 256
 # Without a mask the forward streams wider key tiles: its row max and row sum run faster along
 # rows of 512 than of 256, and it has no diagonal tile to half waste (BENCHMARKS.md, "History").
 DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
+# and, with the fixed shift's single pass a tile, 512 query rows (BENCHMARKS.md, "History")
+DEFAULT_BLOCK_Q_FORWARD_UNMASKED = 512
 LOG2_E = 1.0 / math.log(2.0)
 # NumPy's float exp2 keeps its fast path for |x| up to about 126: log2 e · 80 is 115.4
 EXP2_SAFE = 80.0
@@ -185,7 +187,7 @@ def _check_block(op: str, name: str, size) -> None:
 
 # ---- the tiled way: FlashAttention-2 on NumPy ----
 
-def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT_BLOCK_Q,
+def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = None,
                     block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
                     workers: int | None = None, shift: str = "fixed"):
     """O = softmax(scale · Q Kᵀ + mask) V, tile by tile: no N×N array is ever held.
@@ -195,10 +197,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     group). With ``return_lse=True`` also returns lse = logsumexp of each row of scaled
     scores, shape (..., H, Nq), as an array.
 
-    Tiles (NumPy path) are ``block_q`` query rows by ``block_k`` keys. ``block_k=None`` means
-    ``DEFAULT_BLOCK_K`` (256), except in a forward without a causal mask, which streams
-    ``DEFAULT_BLOCK_K_FORWARD_UNMASKED`` (512) keys a tile. The results do not depend on the tiles
-    beyond float rounding.
+    Tiles (NumPy path) are ``block_q`` query rows by ``block_k`` keys. None means ``DEFAULT_BLOCK_Q``
+    and ``DEFAULT_BLOCK_K`` (256 × 256), except in a forward without a causal mask, which streams
+    ``DEFAULT_BLOCK_Q_FORWARD_UNMASKED`` × ``DEFAULT_BLOCK_K_FORWARD_UNMASKED`` (512 × 512) tiles. The
+    results do not depend on the tiles beyond float rounding.
 
     ``workers`` (NumPy path): threads that share the call. The call is cut into runs of a few
     key/value heads (with their query groups), of all batch entries at once or of one, dealt to
@@ -218,9 +220,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     _check_causal("flash_attention", causal)
     if shift not in SHIFTS:
         raise ValueError(f"flash_attention: shift must be 'fixed' or 'running', got {shift!r}")
-    _check_block("flash_attention", "block_q", block_q)
-    if block_k is not None:
-        _check_block("flash_attention", "block_k", block_k)
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if size is not None:
+            _check_block("flash_attention", name, size)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
     if _backend(backend, tq) == "cupy":
@@ -240,7 +242,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int = DEFAULT
     return (out, lse) if return_lse else out
 
 
-def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int, block_k: int | None,
+def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int | None, block_k: int | None,
                   workers: int | None = None, shift: str = "fixed"):
     """Forward and backward on NumPy: ``fixed_shift_forward`` (or ``tiled_forward``) and
     ``tiled_backward`` over one call's tiles, run by run (some key/value heads each) on ``workers``
@@ -250,10 +252,11 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
     heads = _check_shapes("flash_attention", tq, tk, tv)
-    tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q, block_k or DEFAULT_BLOCK_K)
+    tiles = _Tiles(heads, causal, _scale(scale, heads.d), block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K)
     forward_tiles = tiles
-    if block_k is None and not causal:
-        forward_tiles = _Tiles(heads, causal, tiles.scale, block_q, DEFAULT_BLOCK_K_FORWARD_UNMASKED)
+    if not causal and None in (block_q, block_k):
+        forward_tiles = _Tiles(heads, causal, tiles.scale, block_q or DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
+                               block_k or DEFAULT_BLOCK_K_FORWARD_UNMASKED)
     asked = attention_workers.count(workers)
     threads = attention_workers.threads_for(math.prod(heads.lead) * heads.h * heads.n_q * heads.n_k * heads.d, asked)
 

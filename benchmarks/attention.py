@@ -156,11 +156,13 @@ def worst_differences(n: int, blocks: dict) -> dict[tuple[str, bool], float]:
 # ---- time ----
 
 def tiles_label(blocks: dict) -> str:
-    """block_q x block_k, or ag's defaults spelled out when block_k is None."""
-    if blocks["block_k"] is not None:
+    """block_q x block_k, or ag's defaults spelled out where one is None."""
+    if None not in blocks.values():
         return f"{blocks['block_q']} x {blocks['block_k']}"
-    return (f"{blocks['block_q']} x {attention.DEFAULT_BLOCK_K} "
-            f"({blocks['block_q']} x {attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} in a forward without a mask)")
+    bq, bk = blocks["block_q"], blocks["block_k"]
+    return (f"{bq or attention.DEFAULT_BLOCK_Q} x {bk or attention.DEFAULT_BLOCK_K} "
+            f"({bq or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED} x {bk or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} "
+            "in a forward without a mask)")
 
 
 def timed_step(a: AgAttention) -> tuple[float, float]:
@@ -325,7 +327,7 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     import torch
     from threadpoolctl import threadpool_limits
     q, k, v = (x[:, :1] for x in make_inputs(n)[:3])  # (1, 1, n, d): one head
-    block_q = blocks["block_q"]
+    block_q = blocks["block_q"] or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED
     block_k = blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
     shape = (min(block_q, n), min(block_k, n))
 
@@ -429,7 +431,7 @@ def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
 
 def measure_memory(framework: str, n: int, causal: bool, blocks: dict) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, str(n), str(int(causal)),
-           "--block-q", str(blocks["block_q"])] + (["--block-k", str(blocks["block_k"])] if blocks["block_k"] else [])
+           ] + [f"--{name.replace('_', '-')}={size}" for name, size in blocks.items() if size]
     return run_worker(cmd, f"{framework} N={n} {mask_name(causal)}")
 
 
@@ -582,7 +584,7 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
 
 
 def anatomy(n: int, blocks: dict, number: int) -> None:
-    block_q, block_k = blocks["block_q"], blocks["block_k"] or attention.DEFAULT_BLOCK_K
+    block_q, block_k = blocks["block_q"] or attention.DEFAULT_BLOCK_Q, blocks["block_k"] or attention.DEFAULT_BLOCK_K
     heads = run_heads(block_q, block_k)
     t = tile_arrays(block_q, block_k, heads)
     tiles = math.ceil(n / block_q) * math.ceil(n / block_k) * math.ceil(H / heads)  # a pass's tiles, all heads
@@ -627,11 +629,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
     parser.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192])
-    parser.add_argument("--block-q", type=int, default=attention.DEFAULT_BLOCK_Q)
+    parser.add_argument("--block-q", type=int, default=None, help="query rows a tile (default: ag's)")
     parser.add_argument("--block-k", type=int, default=None,
                         help="keys per tile; by default ag's (256, and 512 in a forward without a mask)")
-    parser.add_argument("--repeats", type=_ints, default=[5, 5, 3, 2], help="runs of each contestant, per N")
-    parser.add_argument("--naive-repeats", type=_ints, default=[5, 5, 2, 1], help="runs of naive, per N")
+    parser.add_argument("--repeats", type=_ints, default=[15, 11, 7, 5], help="runs of flash and torch, per N")
+    parser.add_argument("--naive-repeats", type=_ints, default=[3, 2, 1, 1], help="runs of naive, per N")
     parser.add_argument("--sweep-n", type=_ints, default=[2048, 4096])
     parser.add_argument("--sweep-repeats", type=_ints, default=[2, 2], help="steps of each tile size, per sweep N")
     parser.add_argument("--sweep-top", type=int, default=2)
@@ -662,7 +664,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
     print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {tiles_label(blocks)} "
-          f"(ag's defaults: {tiles_label({'block_q': attention.DEFAULT_BLOCK_Q, 'block_k': None})})")
+          f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None})})")
     for line in machine_lines():
         print(line)
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "

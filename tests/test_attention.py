@@ -391,16 +391,26 @@ def test_row_max_and_row_sum_of_a_tile_equal_numpys(cols, dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_default_key_tiles_are_512_in_an_unmasked_forward_and_256_otherwise(causal):
-    from ag.attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED
+def test_default_tiles_are_512_by_512_in_an_unmasked_forward_and_256_by_256_otherwise(causal, monkeypatch):
+    from ag import attention
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, 2, 1100, 16)).astype(np.float32) for _ in range(3))
-    forward_tile = DEFAULT_BLOCK_K if causal else DEFAULT_BLOCK_K_FORWARD_UNMASKED
-    other_tile = DEFAULT_BLOCK_K_FORWARD_UNMASKED if causal else DEFAULT_BLOCK_K
+    unmasked = attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED, attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
+    assert unmasked == (512, 512) and (attention.DEFAULT_BLOCK_Q, attention.DEFAULT_BLOCK_K) == (256, 256)
+    forward_tile = (256, 256) if causal else unmasked
+    seen, reserve = [], attention._Tiles.reserve_scores
+
+    def spy(self, dtype):  # the forward's tiles, before its loops
+        seen.append((self.block_q, self.block_k))
+        return reserve(self, dtype)
+    monkeypatch.setattr(attention._Tiles, "reserve_scores", spy)
     default = flash_attention(q, k, v, causal=causal)
-    # tiles change the float rounding, so only the forward's own tile size gives the same bits
-    assert np.array_equal(default, flash_attention(q, k, v, causal=causal, block_k=forward_tile))
-    assert not np.array_equal(default, flash_attention(q, k, v, causal=causal, block_k=other_tile))
+    assert set(seen) == {forward_tile}
+    same = flash_attention(q, k, v, causal=causal, block_q=forward_tile[0], block_k=forward_tile[1])
+    assert np.array_equal(default, same)
+    seen.clear()
+    flash_attention(q, k, v, causal=causal, block_q=128)  # a tile size given is kept
+    assert set(seen) == {(128, 256 if causal else 512)}
     weight = rng.standard_normal(q.shape).astype(np.float32)
     _, grads = grads_of(flash_attention, q, k, v, weight, causal=causal)
     _, expected = grads_of(naive_attention, q, k, v, weight, causal=causal)
