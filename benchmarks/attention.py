@@ -1,6 +1,6 @@
 """Attention on the CPU: ag's FlashAttention-2 on NumPy against ag's naive attention and torch SDPA.
 
-    python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 5 min on 2 cores
+    python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 6 min on 2 cores
     python benchmarks/attention.py --quick   # N = 256..1024, sweep at 512 and 1024: about 35 s
     python benchmarks/attention.py --block-q 256 --block-k 256 --skip sweep,memory   # other tiles than ag's defaults
 
