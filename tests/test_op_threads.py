@@ -12,6 +12,15 @@ from ag.ops import threads
 pytestmark = pytest.mark.skipif(not threads.have_threadpoolctl(), reason="needs threadpoolctl (ag[fast])")
 
 
+@pytest.fixture(autouse=True)
+def shared_at_test_sizes(monkeypatch):
+    """These tests' arrays are shared as a larger op's are: the thresholds come down to sizes they
+    pass. Under test is how an op is shared, not where sharing starts to pay (that is tuned by
+    the benchmarks: ``threads.MIN_PRODUCT``)."""
+    monkeypatch.setattr(threads, "MIN_PRODUCT", 1 << 22)
+    monkeypatch.setattr(threads, "MIN_PASS", 1 << 18)
+
+
 @pytest.fixture
 def workers():
     """Set the op threads for one test; the setting before it comes back after."""
@@ -142,6 +151,21 @@ def test_a_small_op_stays_on_the_callers_thread(workers):
     threads.in_blocks(lambda a, b: seen.append((a, b, threading.get_ident())), 10, threads.MIN_PASS - 1,
                       threads.MIN_PASS)
     assert seen == [(0, 10, threading.get_ident())]
+
+
+def test_a_product_is_shared_from_min_product_multiply_adds_and_one_below_is_one_blas_call(workers, monkeypatch):
+    monkeypatch.undo()  # the real thresholds
+    workers(2)
+    shared = []
+    real_in_blocks = threads.in_blocks
+    monkeypatch.setattr(threads, "in_blocks", lambda *a, **k: shared.append(a[2]) or real_in_blocks(*a, **k))
+    k, n = 512, 256
+    rows = threads.MIN_PRODUCT // (k * n)
+    y = np.ones((k, n), np.float32)
+    for m in (rows - 1, rows):
+        out = ag.matmul(ag.Tensor(np.ones((m, k), np.float32)), ag.Tensor(y)).value
+        assert out.shape == (m, n) and np.all(out == k)
+    assert shared == [rows * k * n] == [threads.MIN_PRODUCT]
 
 
 def test_blas_is_held_to_one_thread_inside_product_blocks_and_given_back_after(workers):

@@ -6,7 +6,8 @@ pay: OpenBLAS's idle threads spin for a while after each product, so a pass star
 one found the second core taken (BENCHMARKS.md, "What limits"). So a large op shares both: its
 output is cut into blocks along a leading axis, the blocks are dealt to ``workers`` threads
 (the caller takes the first), and a product's blocks run with BLAS held to one thread, which
-leaves OpenBLAS's own threads asleep.
+leaves OpenBLAS's own threads asleep. A smaller product stays one BLAS call on BLAS's own threads,
+and a smaller pass on the caller's thread: handing them over costs more than it saves.
 
 Each block is computed by the same NumPy calls whichever thread takes it: a pass's rows and
 elements do not depend on each other, and a product is computed in steps whose size depends on
@@ -27,9 +28,14 @@ from typing import Callable
 
 import numpy as np
 
-# Below these sizes starting the other threads (about 20 µs a handover) costs more than it saves.
-MIN_PRODUCT = 1 << 22  # multiply-adds of a product: (256 × 128) @ (128 × 128), about 40 µs on one core
-MIN_PASS = 1 << 18  # elements of an elementwise or row-wise pass (1 MB of float32)
+# Below these sizes the op stays on the caller's thread, and a product on BLAS's own threads.
+# A block handed to a kept thread costs 20 to 45 µs to wake it, and the woken thread often starts
+# on the caller's busy core, not the idle one (17 of the 72 shared products of a --quick transformer step):
+# in an MLP's step a (512 × 256) @ (256 × 256) product took 0.8 ms on two op threads against 0.5
+# on OpenBLAS's own two, whose threads spin between calls (BENCHMARKS.md, "History").
+MIN_PRODUCT = 1 << 27  # multiply-adds of a product: (1024 × 512) @ (512 × 256), about 2.7 ms on one core
+MIN_PASS = 1 << 19  # elements of an elementwise or row-wise pass (2 MB of float32): GeLU of 2^18 took
+# 0.43 ms on two threads, 0.28 on one; of 2^19, 0.42 against 0.60
 
 _workers: int | None = None  # None: the machine's cores, when threadpoolctl can hold BLAS
 
