@@ -36,8 +36,8 @@ def _demo(args: argparse.Namespace) -> int:
         if args.name != "attention":
             print(f"ag demo {args.name}: --device gpu applies to the attention demo only", file=sys.stderr)
             return 2
-        from . import attention_cupy
-        ready, reason = attention_cupy.available()
+        from .attention import gpu
+        ready, reason = gpu.available()
         if not ready:
             print(f"ag demo attention --device gpu: no GPU here: {reason}", file=sys.stderr)
             return 1

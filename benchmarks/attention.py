@@ -7,7 +7,7 @@
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
 
-- ag ``flash_attention`` (``ag/attention.py``: FlashAttention-2's tiles, a few heads a run, ``ag/attention_workers.py``);
+- ag ``flash_attention`` (``ag/attention/``: FlashAttention-2's tiles, a few heads a run, ``ag/attention/sharing.py``);
 - ag ``naive_attention`` (S = QKᵀ and P = softmax(S) materialized by ag ops), with
   ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
 - ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
@@ -50,7 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
-from ag import attention, attention_workers  # noqa: E402
+from ag import attention  # noqa: E402
+from ag.attention import sharing  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
@@ -519,9 +520,9 @@ def tile_arrays(block_q: int, block_k: int, heads: int, seed: int = 0) -> dict[s
 
 
 def run_heads(block_q: int, block_k: int) -> int:
-    """The heads one run holds with these tiles (``ag.attention_workers.plan_runs``, B = 1)."""
+    """The heads one run holds with these tiles (``ag.attention.sharing.plan_runs``, B = 1)."""
     head_bytes = block_q * block_k * np.dtype(np.float32).itemsize
-    return attention_workers.plan_runs((B,), H, head_bytes, workers=1)[0].heads
+    return sharing.plan_runs((B,), H, head_bytes, workers=1)[0].heads
 
 
 def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, Callable, str, Callable | None]]:

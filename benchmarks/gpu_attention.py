@@ -7,10 +7,10 @@
 q, k, v and a fixed dO are standard normal, (B, H, N, d); causal is top-left (Nq = Nk, so it is also
 bottom-right). The contestants, on the same inputs in the same run:
 
-- ag fp32: ``ag.attention_cupy.forward`` and ``backward`` (``flash_fwd.cu``, ``flash_bwd.cu``), float32;
+- ag fp32: ``ag.attention.gpu.forward`` and ``backward`` (``flash_fwd.cu``, ``flash_bwd.cu``), float32;
 - torch fp32: ``torch.nn.functional.scaled_dot_product_attention`` on the same float32 arrays (shared
   through DLPack, no copy), with the backend torch picks for float32 (memory-efficient attention);
-- ag bf16: ``ag.attention_cupy.forward_bf16`` (``flash_fwd_bf16.cu``, mma.sync on the tensor cores),
+- ag bf16: ``ag.attention.gpu.forward_bf16`` (``flash_fwd_bf16.cu``, mma.sync on the tensor cores),
   on the inputs rounded to bfloat16 beforehand;
 - torch bf16 flash and torch bf16 cuDNN: SDPA on the same bfloat16 inputs, the backend pinned with
   ``torch.nn.attention.sdpa_kernel`` to FLASH_ATTENTION and to CUDNN_ATTENTION;
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ag import attention_cupy  # noqa: E402
+from ag.attention import gpu  # noqa: E402
 from mlp import print_table  # noqa: E402
 
 B, H = 4, 16
@@ -89,18 +89,18 @@ class Inputs:
         import cupy as cp
         rng = cp.random.default_rng(seed)
         self.q, self.k, self.v, self.do = (rng.standard_normal((B, H, n, d), dtype=cp.float32) for _ in range(4))
-        self.bits = [attention_cupy.to_bfloat16(x) for x in (self.q, self.k, self.v)]
+        self.bits = [gpu.to_bfloat16(x) for x in (self.q, self.k, self.v)]
 
 
 def ag_contestants(x: Inputs, causal: bool) -> dict[str, Callable[[], object]]:
     import cupy as cp
-    o, lse = attention_cupy.forward(x.q, x.k, x.v, causal=causal)
+    o, lse = gpu.forward(x.q, x.k, x.v, causal=causal)
     grads = tuple(cp.empty_like(a) for a in (x.q, x.k, x.v))
     o_bf16, lse_bf16 = cp.empty_like(o), cp.empty_like(lse)
     return {
-        "ag fp32 fwd": lambda: attention_cupy.forward(x.q, x.k, x.v, causal=causal, out=(o, lse)),
-        "ag fp32 bwd": lambda: attention_cupy.backward(x.q, x.k, x.v, o, lse, x.do, causal=causal, out=grads),
-        "ag bf16 fwd": lambda: attention_cupy.forward_bf16(*x.bits, causal=causal, out=(o_bf16, lse_bf16)),
+        "ag fp32 fwd": lambda: gpu.forward(x.q, x.k, x.v, causal=causal, out=(o, lse)),
+        "ag fp32 bwd": lambda: gpu.backward(x.q, x.k, x.v, o, lse, x.do, causal=causal, out=grads),
+        "ag bf16 fwd": lambda: gpu.forward_bf16(*x.bits, causal=causal, out=(o_bf16, lse_bf16)),
     }
 
 
@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()
-    ok, reason = attention_cupy.available()
+    ok, reason = gpu.available()
     if not ok:
         sys.exit(f"gpu_attention: needs a CUDA GPU with CuPy, and here {reason}")
     sizes = args.n or (SIZES[:2] if args.quick else SIZES)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck and synccheck on small cases of every CUDA kernel in
-# ag/kernels/ (forward, backward, bf16 forward): boundary tiles (Nq = 70, Nk = 45), GQA,
+# ag/attention/kernels/ (forward, backward, bf16 forward): boundary tiles (Nq = 70, Nk = 45), GQA,
 # all three masks, d = 16, 17 (scalar loads) and 80. Needs a GPU, CuPy and the CUDA toolkit.
 #
 #   bash benchmarks/gpu_sanitize.sh
@@ -15,11 +15,11 @@ command -v "$SANITIZER" >/dev/null || {
   echo "gpu_sanitize: $SANITIZER not found (it comes with the CUDA toolkit; set COMPUTE_SANITIZER=/path/to/it)" >&2
   exit 1
 }
-python -c "import sys, ag.attention_cupy as m; ok, why = m.available(); ok or sys.exit(f'gpu_sanitize: no GPU: {why}')"
+python -c "import sys, ag.attention.gpu as m; ok, why = m.available(); ok or sys.exit(f'gpu_sanitize: no GPU: {why}')"
 
 read -r -d '' CASES <<'EOF' || true
 import cupy as cp
-from ag import attention_cupy as m
+from ag.attention import gpu as m
 
 cp.cuda.set_allocator(None)
 rng = cp.random.default_rng(0)

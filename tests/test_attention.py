@@ -7,6 +7,7 @@ import pytest
 
 import ag
 from ag import trace
+from ag.attention import flash  # the module whose loops flash_attention calls
 from ag.attention import (flash_attention, merge_softmax_blocks, naive_attention, online_softmax,
                           softmax_block)
 from gradcheck import grad_check
@@ -319,8 +320,8 @@ def test_flash_matches_torch_scaled_dot_product_attention(n_q, n_k, d, h, h_kv, 
 
 
 def test_the_cupy_backend_without_a_gpu_says_why(monkeypatch):
-    from ag import attention_cupy
-    monkeypatch.setattr(attention_cupy, "available", lambda: (False, "cupy.cuda.is_available() is False"))
+    from ag.attention import gpu
+    monkeypatch.setattr(gpu, "available", lambda: (False, "cupy.cuda.is_available() is False"))
     q, k, v = qkv(4, 4, 8, 2, 2)
     with pytest.raises(RuntimeError, match=r"backend='cupy'\): cupy.cuda.is_available\(\) is False"):
         flash_attention(q, k, v, backend="cupy")
@@ -331,26 +332,27 @@ def test_the_cupy_backend_without_a_gpu_says_why(monkeypatch):
 @pytest.fixture
 def threads_at_any_size(monkeypatch):
     """Threads for the small arrays of these tests, which ``MIN_PRODUCTS_PER_THREAD`` keeps on the caller."""
-    from ag import attention_workers
-    monkeypatch.setattr(attention_workers, "MIN_PRODUCTS_PER_THREAD", 1)
+    from ag.attention import sharing
+    monkeypatch.setattr(sharing, "MIN_PRODUCTS_PER_THREAD", 1)
 
 
 def test_a_call_too_small_to_share_runs_on_the_callers_thread_with_blas_at_one_thread(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
-    from ag import attention, attention_workers
+    from ag import attention
+    from ag.attention import sharing
     seen, forward = [], attention.fixed_shift_forward
     # the BLAS libraries loaded when ag first limits them, NumPy's among them; one loaded later
     # (scipy's, by a test run before this one) does no work for attention and is not limited
-    held = {c.filepath for c in attention_workers.blas_threads().lib_controllers if c.user_api == "blas"}
+    held = {c.filepath for c in sharing.blas_threads().lib_controllers if c.user_api == "blas"}
 
     def spy(*args, **kwargs):
         blas = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["filepath"] in held]
         seen.append((threading.get_ident(), blas))
         return forward(*args, **kwargs)
-    monkeypatch.setattr(attention, "fixed_shift_forward", spy)
+    monkeypatch.setattr(flash, "fixed_shift_forward", spy)
     q, k, v = qkv(128, 128, 16, 4, 4, dtype=np.float32, batch=(2,))  # 2 · 4 · 128² · 16 = 2^21 products
-    assert attention_workers.threads_for(2 * 4 * 128 * 128 * 16, 2) == 1
-    assert attention_workers.threads_for(2 * attention_workers.MIN_PRODUCTS_PER_THREAD, 4) == 2
+    assert sharing.threads_for(2 * 4 * 128 * 128 * 16, 2) == 1
+    assert sharing.threads_for(2 * sharing.MIN_PRODUCTS_PER_THREAD, 4) == 2
     flash_attention(q, k, v, workers=2)
     assert seen and all(t == threading.get_ident() and set(b) == {1} for t, b in seen)
 
@@ -379,8 +381,9 @@ def test_workers_give_bit_identical_outputs_and_gradients(h, h_kv, causal, threa
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cols", [1, 7, 48, 512])
 def test_row_max_and_row_sum_of_a_tile_equal_numpys(cols, dtype):
-    from ag.attention import _Heads, _Tiles
-    tiles = _Tiles(_Heads((1,), 2, 2, 64, 512, 8), False, 0.5, 32, 48)
+    from ag.attention.shapes import Heads
+    from ag.attention.tiles import Tiles
+    tiles = Tiles(Heads((1,), 2, 2, 64, 512, 8), False, 0.5, 32, 48)
     s = np.random.default_rng(cols).standard_normal((2, 32, cols)).astype(dtype)
     s[0, 3] = -np.inf  # a row with nothing visible
     np.testing.assert_array_equal(tiles.row_max(s), np.max(s, axis=-1, keepdims=True))
@@ -398,12 +401,12 @@ def test_default_tiles_are_512_by_512_in_an_unmasked_forward_and_256_by_256_othe
     unmasked = attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED, attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
     assert unmasked == (512, 512) and (attention.DEFAULT_BLOCK_Q, attention.DEFAULT_BLOCK_K) == (256, 256)
     forward_tile = (256, 256) if causal else unmasked
-    seen, reserve = [], attention._Tiles.reserve_scores
+    seen, reserve = [], attention.Tiles.reserve_scores
 
     def spy(self, dtype):  # the forward's tiles, before its loops
         seen.append((self.block_q, self.block_k))
         return reserve(self, dtype)
-    monkeypatch.setattr(attention._Tiles, "reserve_scores", spy)
+    monkeypatch.setattr(attention.Tiles, "reserve_scores", spy)
     default = flash_attention(q, k, v, causal=causal)
     assert set(seen) == {forward_tile}
     same = flash_attention(q, k, v, causal=causal, block_q=forward_tile[0], block_k=forward_tile[1])
@@ -458,7 +461,7 @@ def test_a_workers_error_reaches_the_caller_and_blas_gets_its_threads_back(monke
         if first == (failing == "first"):
             raise RuntimeError("a worker failed")
         return forward(tiles, q, k, v, out=out)
-    monkeypatch.setattr(attention, "fixed_shift_forward", fails_on_one_share)
+    monkeypatch.setattr(flash, "fixed_shift_forward", fails_on_one_share)
     with pytest.raises(RuntimeError, match="a worker failed"):
         flash_attention(*arrays, workers=2)
     assert blas_threads() == before
@@ -479,7 +482,7 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
     from ag import attention
     allocated, used, in_loop, looping = [], [], threading.local(), []
-    score_tile = attention._Tiles._score_tile
+    score_tile = attention.Tiles._score_tile
 
     def spy(self, shape, dtype):
         before = self._scores
@@ -500,9 +503,9 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
             finally:
                 in_loop.pass_ = None
         return run
-    monkeypatch.setattr(attention._Tiles, "_score_tile", spy)
+    monkeypatch.setattr(attention.Tiles, "_score_tile", spy)
     for name in ("fixed_shift_forward", "tiled_backward"):
-        monkeypatch.setattr(attention, name, looped(name))
+        monkeypatch.setattr(flash, name, looped(name))
     q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys; two runs of one k/v head
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
@@ -517,7 +520,7 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
 
 
 def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():
-    from ag.attention_workers import SCORE_TILE_BYTES, Run, plan_runs
+    from ag.attention.sharing import SCORE_TILE_BYTES, Run, plan_runs
     tile = SCORE_TILE_BYTES
     # B = 1, H = 8: 256 x 512 float32 tiles (512 KiB a head) make runs of one head
     assert plan_runs((1,), 8, tile, 2) == [Run(None, a, a + 1) for a in range(8)]
@@ -542,7 +545,7 @@ def test_an_empty_batch_gives_empty_outputs_and_grads(workers):
 
 
 def test_a_run_is_the_view_of_its_heads_in_every_array():
-    from ag.attention_workers import Run
+    from ag.attention.sharing import Run
     x = np.arange(2 * 3 * 8 * 5 * 4).reshape(2, 3, 8, 5, 4)
     np.testing.assert_array_equal(Run((1, 2), 1, 3).part(x, 2), x[1, 2, 2:6])
     np.testing.assert_array_equal(Run(None, 1, 3).part(x), x[:, :, 1:3])
@@ -553,7 +556,8 @@ def test_a_run_is_the_view_of_its_heads_in_every_array():
 @pytest.mark.parametrize("batch, h, h_kv", [((4,), 1, 1), ((2, 3), 2, 1), ((1,), 8, 2)])
 def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monkeypatch, batch, h, h_kv, threads_at_any_size):
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
-    from ag import attention, attention_workers
+    from ag import attention
+    from ag.attention import sharing
     threads, forward, both_started = set(), attention.fixed_shift_forward, threading.Barrier(2, timeout=10)
 
     def spy(*args, **kwargs):
@@ -563,8 +567,8 @@ def test_the_batch_and_the_heads_are_shared_out_and_the_bits_do_not_change(monke
         return forward(*args, **kwargs)
     q, k, v = qkv(80, 80, 8, h, h_kv, dtype=np.float32, batch=batch)
     alone = flash_attention(q, k, v, causal=True, workers=1, block_q=32, block_k=32)
-    monkeypatch.setattr(attention, "fixed_shift_forward", spy)
-    monkeypatch.setattr(attention_workers, "SCORE_TILE_BYTES", 32 * 32 * 4)  # a run: one head of one entry
+    monkeypatch.setattr(flash, "fixed_shift_forward", spy)
+    monkeypatch.setattr(sharing, "SCORE_TILE_BYTES", 32 * 32 * 4)  # a run: one head of one entry
     shared = flash_attention(q, k, v, causal=True, workers=2, block_q=32, block_k=32)
     assert len(threads) == 2
     assert np.array_equal(alone, shared)
@@ -594,22 +598,22 @@ def test_each_thread_takes_its_own_runs_whichever_starts_first():
         taken.append((own, run))
         if len(taken) == 4:
             all_taken.set()
-    from ag import attention_workers
-    runs = attention_workers.plan_runs((1,), 8, attention_workers.SCORE_TILE_BYTES, 2)
-    attention_workers.in_turns(runs, ["late", "early"], job, hold_blas=True)
+    from ag.attention import sharing
+    runs = sharing.plan_runs((1,), 8, sharing.SCORE_TILE_BYTES, 2)
+    sharing.in_turns(runs, ["late", "early"], job, hold_blas=True)
     assert sorted(taken, key=lambda t: t[1].first) == [("late" if r.first % 2 == 0 else "early", r) for r in runs]
 
 
 def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypatch):
     from ag import attention
     handed_out = []  # (the tile as returned, a copy of its values then, the arguments)
-    scores = attention._Tiles.scores
+    scores = attention.Tiles.scores
 
     def spy(self, q_i, k_j, q_start, k_start):
         s = scores(self, q_i, k_j, q_start, k_start)
         handed_out.append((s, s.copy(), self, q_i, k_j, q_start, k_start))
         return s
-    monkeypatch.setattr(attention._Tiles, "scores", spy)
+    monkeypatch.setattr(attention.Tiles, "scores", spy)
     q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys, a GQA group of 2
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*tensors, causal=True, block_q=32, block_k=32, workers=1)

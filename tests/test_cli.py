@@ -152,8 +152,9 @@ def test_demo_parallel_under_mpiexec_runs_on_two_ranks_without_the_hint():
 
 
 def test_gpu_attention_demo_without_a_gpu_says_why_and_fails(capsys, monkeypatch):
-    from ag import attention_cupy, cli
-    monkeypatch.setattr(attention_cupy, "available", lambda: (False, "CuPy is not importable"))
+    from ag import cli
+    from ag.attention import gpu
+    monkeypatch.setattr(gpu, "available", lambda: (False, "CuPy is not importable"))
     assert cli.main(["demo", "attention", "--device", "gpu"]) == 1
     assert "no GPU here: CuPy is not importable" in capsys.readouterr().err
     assert cli.main(["demo", "memory", "--device", "gpu"]) == 2

@@ -135,9 +135,12 @@ def test_gpu_tracing_without_cupy_says_what_is_missing(monkeypatch):
 
 @pytest.fixture
 def tiled_kernels(monkeypatch):
-    """``ag.attention_cupy`` with its kernels replaced by NumPy's tiled loops on the double's arrays
+    """``ag.attention.gpu`` with its kernels replaced by NumPy's tiled loops on the double's arrays
     (the kernels themselves: tests/test_gpu_attention.py, on a GPU); records the calls."""
-    from ag import attention, attention_cupy
+    from ag import attention
+    from ag.attention import gpu
+    from ag.attention.shapes import check_shapes, softmax_scale
+    from ag.attention.tiles import Tiles
     calls = []
 
     def forward(q, k, v, *, causal, scale):
@@ -147,13 +150,13 @@ def tiled_kernels(monkeypatch):
 
     def backward(q, k, v, o, lse, do, *, causal, scale):
         calls.append("backward")
-        heads = attention._check_shapes("test", q, k, v)
-        tiles = attention._Tiles(heads, causal, attention._scale(scale, heads.d), 64, 64)
+        heads = check_shapes("test", q, k, v)
+        tiles = Tiles(heads, causal, softmax_scale(scale, heads.d), 64, 64)
         grads = attention.tiled_backward(tiles, *(x.get() for x in (q, k, v, o, lse, do)))
         return tuple(fakedevice.to_device(g) for g in grads)
-    monkeypatch.setattr(attention_cupy, "available", lambda: (True, ""))
-    monkeypatch.setattr(attention_cupy, "forward", forward)
-    monkeypatch.setattr(attention_cupy, "backward", backward)
+    monkeypatch.setattr(gpu, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu, "forward", forward)
+    monkeypatch.setattr(gpu, "backward", backward)
     return calls
 
 

@@ -4,8 +4,9 @@ range. It must give what the running max gives, for every mask, head grouping an
 import numpy as np
 import pytest
 
-from ag import attention
-from ag.attention import _check_shapes, _Tiles, fixed_shift_forward, flash_attention, naive_attention
+from ag.attention import fixed_shift_forward, flash_attention, forward, naive_attention
+from ag.attention.shapes import check_shapes
+from ag.attention.tiles import Tiles, longest_row
 
 
 def qkv(n_q, n_k, d, h=2, h_kv=2, dtype=np.float64, seed=0, batch=(2,)):
@@ -18,12 +19,12 @@ def qkv(n_q, n_k, d, h=2, h_kv=2, dtype=np.float64, seed=0, batch=(2,)):
 @pytest.fixture
 def redone(monkeypatch):
     """The (row offset, rows) of every query tile the running max redoes."""
-    calls, running = [], attention.tiled_forward
+    calls, running = [], forward.tiled_forward
 
     def spy(tiles, q, k, v, out=None):
         calls.append((tiles.offset, q.shape[-2]))
         return running(tiles, q, k, v, out=out)
-    monkeypatch.setattr(attention, "tiled_forward", spy)
+    monkeypatch.setattr(forward, "tiled_forward", spy)  # where fixed_shift_forward looks it up
     return calls
 
 
@@ -90,7 +91,7 @@ def test_a_nan_in_a_query_reaches_only_its_row():
 
 
 def tiles_for(q, k, v, causal=False, block_q=16, block_k=16):
-    return _Tiles(_check_shapes("test", q, k, v), causal, 1 / np.sqrt(q.shape[-1]), block_q, block_k)
+    return Tiles(check_shapes("test", q, k, v), causal, 1 / np.sqrt(q.shape[-1]), block_q, block_k)
 
 
 def test_exp2_only_where_the_scores_are_bounded_and_unmasked():
@@ -100,7 +101,7 @@ def test_exp2_only_where_the_scores_are_bounded_and_unmasked():
     tiles = tiles_for(q, k, v, causal=True)
     q_i, k_j = tiles.scaled_queries(q, slice(16, 32)), k[..., 0:16, :]
     s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
-    q2_i = tiles.base2_queries(q_i, attention._longest_row(k))
+    q2_i = tiles.base2_queries(q_i, longest_row(k))
     assert q2_i is not None
     below = tiles.exp_scores(q_i, q2_i, k_j, 16, 0).copy()  # a tile under the diagonal: no mask
     np.testing.assert_array_equal(below, np.exp2(np.matmul(q2_i, np.swapaxes(k_j, -1, -2))))
@@ -108,7 +109,7 @@ def test_exp2_only_where_the_scores_are_bounded_and_unmasked():
     diagonal = tiles.exp_scores(q_i, q2_i, k[..., 16:32, :], 16, 16).copy()
     s_diag = np.matmul(q_i, np.swapaxes(k[..., 16:32, :], -1, -2))
     np.testing.assert_array_equal(diagonal, np.where(np.tril(np.ones((16, 16), bool)), np.exp(s_diag), 0))
-    assert tiles.base2_queries(q_i * 100, attention._longest_row(k)) is None  # ‖q‖ · ‖k‖ past EXP2_SAFE
+    assert tiles.base2_queries(q_i * 100, longest_row(k)) is None  # ‖q‖ · ‖k‖ past EXP2_SAFE
 
 
 def test_key_slices_stop_at_the_last_key_a_query_tile_sees():

@@ -1,4 +1,4 @@
-"""ag.attention_cupy on a GPU: the CUDA kernels against the float64 reference (ag's naive attention,
+"""ag.attention.gpu on a GPU: the CUDA kernels against the float64 reference (ag's naive attention,
 its engine gradients and the NumPy path's logsumexp) over the grid the NumPy path is tested on.
 
 Skipped, with the reason, where CuPy or a GPU is missing. Unlike the rest of the suite the inputs are
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import ag
-from ag import attention_cupy
+from ag.attention import gpu
 from ag.attention import flash_attention, naive_attention
 
-AVAILABLE, REASON = attention_cupy.available()
+AVAILABLE, REASON = gpu.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=REASON)
 
 SIZES = [(1, 1), (7, 7), (33, 33), (127, 127), (257, 257), (7, 33), (33, 7), (127, 257), (257, 1), (1, 257),
@@ -71,9 +71,9 @@ def run_float32(q, k, v, do, causal, scale=None):
     cp = cupy()
     qd, kd, vd, dod = (cp.asarray(x) for x in (q, k, v, do))
     o, lse = poisoned(q.shape, q.shape[:-1])
-    attention_cupy.forward(qd, kd, vd, causal=causal, scale=scale, out=(o, lse))
+    gpu.forward(qd, kd, vd, causal=causal, scale=scale, out=(o, lse))
     grads = poisoned(q.shape, k.shape, v.shape)
-    attention_cupy.backward(qd, kd, vd, o, lse, dod, causal=causal, scale=scale, out=grads)
+    gpu.backward(qd, kd, vd, o, lse, dod, causal=causal, scale=scale, out=grads)
     return o.get(), lse.get(), [g.get() for g in grads]
 
 
@@ -124,7 +124,7 @@ def test_fully_masked_rows_give_zero_output_zero_gradients_and_minus_infinite_ls
     np.testing.assert_array_equal(o[..., :70, :], 0)
     np.testing.assert_array_equal(dq[..., :70, :], 0)
     assert np.isneginf(lse[..., :70]).all() and np.isfinite(lse[..., 70:]).all()
-    o_bf16, lse_bf16 = (x.get() for x in attention_cupy.forward_bf16(*(cupy().asarray(x) for x in (q, k, v)),
+    o_bf16, lse_bf16 = (x.get() for x in gpu.forward_bf16(*(cupy().asarray(x) for x in (q, k, v)),
                                                                      causal="bottom_right"))
     np.testing.assert_array_equal(o_bf16[..., :70, :], 0)
     assert np.isneginf(lse_bf16[..., :70]).all() and not np.isnan(o_bf16).any()
@@ -141,7 +141,7 @@ def test_a_nan_reaches_the_rows_that_see_it_and_no_other_as_on_the_numpy_path(fr
         want = flash_attention(q, k, v, causal=True)
     assert np.isnan(want[0, 1, 7]).all() and np.isnan(want[1, 2:, 30:]).all() and np.isnan(want).sum() == 21 * 64
     cp = cupy()
-    for forward in (attention_cupy.forward, attention_cupy.forward_bf16):
+    for forward in (gpu.forward, gpu.forward_bf16):
         o = forward(*(cp.asarray(x) for x in (q, k, v)), causal=True)[0].get()
         np.testing.assert_array_equal(np.isnan(o), np.isnan(want), err_msg=f"{forward.__name__} (seed {seed})")
 
@@ -168,14 +168,14 @@ def test_out_arrays_are_written_and_returned():
     cp = cupy()
     q = cp.ones((1, 2, 5, 16), dtype=cp.float32)
     o, lse = poisoned(q.shape, q.shape[:-1])
-    assert all(a is b for a, b in zip(attention_cupy.forward(q, q, q, out=(o, lse)), (o, lse)))
+    assert all(a is b for a, b in zip(gpu.forward(q, q, q, out=(o, lse)), (o, lse)))
     assert not cp.isnan(o).any()
 
 
 # ---- bfloat16 on the tensor cores ----
 
 def round_bf16(x):
-    return attention_cupy.from_bfloat16(attention_cupy.to_bfloat16(x))
+    return gpu.from_bfloat16(gpu.to_bfloat16(x))
 
 
 def naive_bf16(q, k, v, causal, scale):
@@ -208,7 +208,7 @@ def test_bfloat16_error_is_within_twice_that_of_naive_bfloat16_attention(n_q, n_
     want_o = naive_attention(*(x.astype(np.float64) for x in (q, k, v)), causal=causal)
     qd, kd, vd = (cp.asarray(x) for x in (q, k, v))
     o, lse = poisoned(q.shape, q.shape[:-1])
-    attention_cupy.forward_bf16(qd, kd, vd, causal=causal, out=(o, lse))
+    gpu.forward_bf16(qd, kd, vd, causal=causal, out=(o, lse))
     o = o.get()
     error = np.max(np.abs(o - want_o))
     naive_error = np.max(np.abs(naive_bf16(qd, kd, vd, causal, 1 / np.sqrt(d)).get() - want_o))
@@ -224,7 +224,7 @@ def test_bfloat16_bits_and_float32_inputs_give_the_same_result(fresh):
     rng, seed = fresh
     cp = cupy()
     q, k, v = (cp.asarray(x) for x in inputs(rng, 70, 90, 64, 4, 2)[:3])
-    from_float32 = attention_cupy.forward_bf16(q, k, v, causal=True)
-    from_bits = attention_cupy.forward_bf16(*(attention_cupy.to_bfloat16(x) for x in (q, k, v)), causal=True)
+    from_float32 = gpu.forward_bf16(q, k, v, causal=True)
+    from_bits = gpu.forward_bf16(*(gpu.to_bfloat16(x) for x in (q, k, v)), causal=True)
     for a, b in zip(from_float32, from_bits):
         cp.testing.assert_array_equal(a, b)

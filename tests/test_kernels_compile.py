@@ -1,6 +1,6 @@
 """The CUDA kernels on a machine without a GPU: every source compiles for sm_90 with no warnings and
 no register spills (nvcc -cubin -Xptxas -v), fits an H100/H200 block's shared memory, and
-ag.attention_cupy imports, refuses bad calls with clear errors and says why it cannot run.
+ag.attention.gpu imports, refuses bad calls with clear errors and says why it cannot run.
 
 ``pytest -s`` prints each kernel's registers, spills and shared memory. Without nvcc these tests
 skip, unless AG_REQUIRE_NVCC=1 (CI), when they fail.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ag import attention_cupy
+from ag.attention import gpu
 from ag.ops import ShapeError
 
 ARCH = "sm_90"
@@ -81,7 +81,7 @@ def compile_source(compiler: str, source: str, d: int, workdir: Path) -> Compile
     out.mkdir()
     command = [compiler, "-cubin", f"-arch={ARCH}", "-Xptxas", "-v", "-std=c++17", f"-DHEAD_DIM={d}",
                "--Werror", "all-warnings", "--keep", "--keep-dir", str(out), "-o", str(out / "kernel.cubin"),
-               str(attention_cupy.kernel_sources()[source])]
+               str(gpu.kernel_sources()[source])]
     start = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -93,7 +93,7 @@ def compile_source(compiler: str, source: str, d: int, workdir: Path) -> Compile
 def compiled(tmp_path_factory) -> dict[tuple[str, int], Compiled]:
     compiler = nvcc()
     workdir = tmp_path_factory.mktemp("cubins")
-    jobs = [(source, d) for source in attention_cupy.kernel_sources() for d in HEAD_DIMS]
+    jobs = [(source, d) for source in gpu.kernel_sources() for d in HEAD_DIMS]
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(lambda job: compile_source(compiler, *job, workdir), jobs))
@@ -113,20 +113,20 @@ def print_table(results: list[Compiled], seconds: float) -> None:
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
-@pytest.mark.parametrize("source", list(attention_cupy.KERNELS))
+@pytest.mark.parametrize("source", list(gpu.KERNELS))
 def test_every_kernel_source_compiles_for_sm90_without_warnings(compiled, source, d):
     result = compiled[(source, d)]
     assert result.returncode == 0, f"nvcc failed on {source}.cu with HEAD_DIM={d}:\n{result.log}"
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
-@pytest.mark.parametrize("source", list(attention_cupy.KERNELS))
+@pytest.mark.parametrize("source", list(gpu.KERNELS))
 def test_the_cubin_has_every_entry_point_the_loader_calls(compiled, source, d):
-    assert set(compiled[(source, d)].kernels()) == set(attention_cupy.KERNELS[source])
+    assert set(compiled[(source, d)].kernels()) == set(gpu.KERNELS[source])
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
-@pytest.mark.parametrize("source", list(attention_cupy.KERNELS))
+@pytest.mark.parametrize("source", list(gpu.KERNELS))
 def test_no_kernel_spills_registers_to_local_memory(compiled, source, d):
     for name, k in compiled[(source, d)].kernels().items():
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, \
@@ -134,7 +134,7 @@ def test_no_kernel_spills_registers_to_local_memory(compiled, source, d):
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
-@pytest.mark.parametrize("source", list(attention_cupy.KERNELS))
+@pytest.mark.parametrize("source", list(gpu.KERNELS))
 def test_shared_memory_of_every_block_fits_an_sm90_block(compiled, source, d):
     result = compiled[(source, d)]
     for name, k in result.kernels().items():
@@ -163,7 +163,7 @@ def nvrtc_library() -> ctypes.CDLL:
 
 
 def nvrtc_compile(nvrtc: ctypes.CDLL, source: Path, d: int) -> tuple[int, str]:
-    """(status, log) of compiling ``source`` for sm_90 the way ag.attention_cupy has CuPy do it."""
+    """(status, log) of compiling ``source`` for sm_90 the way ag.attention.gpu has CuPy do it."""
     program = ctypes.c_void_p()
     code, name = source.read_bytes(), source.name.encode()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, name, 0, None, None) == 0
@@ -178,30 +178,30 @@ def nvrtc_compile(nvrtc: ctypes.CDLL, source: Path, d: int) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("d", [17, 128])
-@pytest.mark.parametrize("source", list(attention_cupy.KERNELS))
+@pytest.mark.parametrize("source", list(gpu.KERNELS))
 def test_every_kernel_source_compiles_with_nvrtc_as_cupy_loads_it_without_spills(source, d):
-    status, log = nvrtc_compile(nvrtc_library(), attention_cupy.kernel_sources()[source], d)
+    status, log = nvrtc_compile(nvrtc_library(), gpu.kernel_sources()[source], d)
     assert status == 0, f"NVRTC failed on {source}.cu with HEAD_DIM={d}:\n{log}"
     kernels = ptxas_report(log)
-    assert set(kernels) == set(attention_cupy.KERNELS[source])
+    assert set(kernels) == set(gpu.KERNELS[source])
     for name, k in kernels.items():
         print(f"NVRTC {name} d={d}: {k['registers']} registers, {k['spill_stores']} bytes of spill stores")
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, f"{name} (d = {d}) spills under NVRTC"
 
 
 def test_the_loader_lists_the_three_kernel_sources_and_they_exist():
-    sources = attention_cupy.kernel_sources()
+    sources = gpu.kernel_sources()
     assert list(sources) == ["flash_fwd", "flash_bwd", "flash_fwd_bf16"]
     assert all(path.is_file() and path.suffix == ".cu" for path in sources.values())
 
 
-# ---- ag.attention_cupy with no GPU ----
+# ---- ag.attention.gpu with no GPU ----
 
 def test_the_module_imports_without_cupy_and_available_says_why():
     code = textwrap.dedent("""
         import sys
         sys.modules["cupy"] = None  # an import of cupy now raises ImportError
-        import ag, ag.attention_cupy as m
+        import ag, ag.attention.gpu as m
         ok, reason = m.available()
         assert ok is False and "CuPy" in reason, reason
         print(reason)
@@ -213,7 +213,7 @@ def test_the_module_imports_without_cupy_and_available_says_why():
 
 
 def test_available_gives_a_flag_and_a_reason():
-    ok, reason = attention_cupy.available()
+    ok, reason = gpu.available()
     assert isinstance(ok, bool) and isinstance(reason, str) and reason
 
 
@@ -223,32 +223,32 @@ def qkv(q_shape, kv_shape, dtype=np.float32):
 
 def test_head_dims_over_128_are_refused_with_the_shape():
     with pytest.raises(ValueError, match=r"flash_attention.*1\.\.128, got d = 256 .*\(2, 4, 8, 256\)"):
-        attention_cupy.forward(*qkv((2, 4, 8, 256), (2, 4, 8, 256)))
+        gpu.forward(*qkv((2, 4, 8, 256), (2, 4, 8, 256)))
 
 
 def test_float64_inputs_to_the_float32_kernels_are_refused():
     with pytest.raises(TypeError, match=r"flash_attention.*float32, got float64, float64, float64"):
-        attention_cupy.forward(*qkv((1, 2, 8, 16), (1, 2, 8, 16), np.float64))
+        gpu.forward(*qkv((1, 2, 8, 16), (1, 2, 8, 16), np.float64))
 
 
 def test_query_heads_must_be_a_multiple_of_key_value_heads():
     with pytest.raises(ShapeError, match="3 query heads are not a multiple of 2"):
-        attention_cupy.backward(*qkv((1, 3, 8, 16), (1, 2, 8, 16)), None, None, None)
+        gpu.backward(*qkv((1, 3, 8, 16), (1, 2, 8, 16)), None, None, None)
 
 
 def test_an_unknown_causal_mode_is_refused():
     with pytest.raises(ValueError, match="causal must be False, True"):
-        attention_cupy.forward_bf16(*qkv((1, 2, 8, 16), (1, 2, 8, 16)), causal="top_right")
+        gpu.forward_bf16(*qkv((1, 2, 8, 16), (1, 2, 8, 16)), causal="top_right")
 
 
 def test_numpy_arrays_are_refused_with_a_type_error_naming_them():
     with pytest.raises(TypeError, match="need CuPy arrays, got numpy.ndarray"):
-        attention_cupy.forward(*qkv((1, 2, 8, 16), (1, 2, 8, 16)))
+        gpu.forward(*qkv((1, 2, 8, 16), (1, 2, 8, 16)))
 
 
 def test_bfloat16_rounding_is_to_nearest_even_and_round_trips():
     x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, 3.4e38, 0.0], np.float32)
-    bits = attention_cupy.to_bfloat16(x)
+    bits = gpu.to_bfloat16(x)
     assert bits.dtype == np.uint16
-    np.testing.assert_array_equal(attention_cupy.from_bfloat16(bits),
+    np.testing.assert_array_equal(gpu.from_bfloat16(bits),
                                   np.array([1.0, 1.0, 1 + 4 * 2**-8, -2.5, np.inf, 0.0], np.float32))

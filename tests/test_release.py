@@ -99,7 +99,7 @@ def test_neither_the_release_nor_its_installed_copy_holds_a_line_of_any_solution
     files = {str(p): p.read_text(errors="replace")
              for folder in (release, installed) for p in folder.rglob("*") if p.is_file()}
     assert (installed / "ag" / "_stubbed.py").exists()
-    assert (installed / "ag" / "kernels" / "flash_fwd.cu").exists()
+    assert (installed / "ag" / "attention" / "kernels" / "flash_fwd.cu").exists()
     assert leaks(files) == (set(), [])
 
 
@@ -128,7 +128,7 @@ def test_package_files_stubs_only_the_exercises_asked_for():
             source = function_source((PACKAGE / path).read_text(), name)
             built = function_source(files[f"ag/{path}"].decode(), name)
             assert built == course.cut_solutions(source, keep=exercise.number != 4), (exercise.number, name)
-    assert "raise NotImplementedError()" in function_source(files["ag/attention.py"].decode(), "tiled_forward")
+    assert "raise NotImplementedError()" in function_source(files["ag/attention/forward.py"].decode(), "tiled_forward")
     namespace = {}
     exec(files["ag/_stubbed.py"], namespace)
     assert namespace["STUBBED"] == frozenset({4})
@@ -140,10 +140,10 @@ def test_package_files_copies_every_other_file_as_it_is():
     on_disk = {p.relative_to(REPO).as_posix() for p in PACKAGE.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     marked = {name for name in on_disk if name.endswith(".py") and course.BEGIN in (REPO / name).read_text()}
-    assert {"ag/tensor.py", "ag/discard.py", "ag/attention.py", "ag/remat/plans.py", "ag/remat/dtr.py"} <= marked
+    assert {"ag/tensor.py", "ag/discard.py", "ag/attention/forward.py", "ag/remat/plans.py", "ag/remat/dtr.py"} <= marked
     marked.add("ag/_stubbed.py")
     assert set(files) == on_disk | {"ag/_stubbed.py"}
-    assert "ag/kernels/flash_fwd.cu" in files
+    assert "ag/attention/kernels/flash_fwd.cu" in files
     assert all(files[name] == (REPO / name).read_bytes() for name in on_disk - marked)
 
 

@@ -73,8 +73,8 @@ EXERCISES = (
         "softmax_block gives one block's softmax(s) @ v with its row max m and normalizer l. Write "
         "merge_softmax_blocks: the softmax over both blocks' columns, from the two results alone "
         "(rescale each normalizer to the new max; weight each output by its share of the total).",
-        (("attention", "merge_softmax_blocks"),),
-        "import numpy as np\n\nfrom ag.attention import SoftmaxBlock",
+        (("attention.online", "merge_softmax_blocks"),),
+        "import numpy as np\n\nfrom ag.attention.online import SoftmaxBlock",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import softmax_block\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\ns, v = rng.standard_normal((3, 8)), "
         "rng.standard_normal((8, 2))\nmerged = merge_softmax_blocks(softmax_block(s[:, :3], v[:3]), "
@@ -92,25 +92,25 @@ EXERCISES = (
         "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
         "columns (np.max and np.sum with keepdims=True give the same, more slowly). "
         "flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's own.",
-        (("attention", "tiled_forward"),),
-        "import numpy as np\n\nfrom ag.attention import _Tiles, _forward_outputs",
+        (("attention.forward", "tiled_forward"),),
+        "import numpy as np\n\nfrom ag.attention.tiles import Tiles, forward_outputs",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
         "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, shift='running')\n"
         "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))",
         "equals naive: True",
         needs=(),
-        withheld=(("attention", "fixed_shift_forward", "return tiled_forward(tiles, q, k, v, out=out)"),)),
+        withheld=(("attention.forward", "fixed_shift_forward", "return tiled_forward(tiles, q, k, v, out=out)"),)),
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
         "tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) = scale * Q_i, "
         "recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV += P^T dO, "
         "dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg and dvg "
-        "(dq is multiplied by scale once after your loop; for GQA, _group_sum sums dK and dV over the "
+        "(dq is multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the "
         "group axis -3).",
-        (("attention", "tiled_backward"),),
-        "import numpy as np\n\nfrom ag.attention import _Tiles, _group_sum",
+        (("attention.backward", "tiled_backward"),),
+        "import numpy as np\n\nfrom ag.attention.tiles import Tiles, group_sum",
         "import numpy as np\nimport ag\nfrom ag import course\nfrom ag.attention import flash_attention, "
         "naive_attention\ncourse.install(__name__)\nrng = np.random.default_rng(0)\n"
         "arrays = [rng.standard_normal((1, 2, 40, 8)) for _ in range(3)]\ngrads = []\n"

@@ -13,8 +13,9 @@ from ag.course.checks import expect_close
 @probe
 def flash_backward(ex, q, k, v, o, lse, do, causal, block_q, block_k):
     """Runs in the worker: the student's tiled_backward over the tiles flash_attention would use."""
-    from ag.attention import _check_shapes, _scale, _Tiles
-    tiles = _Tiles(_check_shapes("flash_attention", q, k, v), causal, _scale(None, q.shape[-1]), block_q, block_k)
+    from ag.attention.shapes import check_shapes, softmax_scale
+    from ag.attention.tiles import Tiles
+    tiles = Tiles(check_shapes("flash_attention", q, k, v), causal, softmax_scale(None, q.shape[-1]), block_q, block_k)
     dq, dk, dv = ex.tiled_backward(tiles, q, k, v, o, lse, do)
     return {"dq": dq, "dk": dk, "dv": dv}
 

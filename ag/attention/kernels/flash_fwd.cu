@@ -11,7 +11,7 @@
 // causal: 0 none, 1 top-left (query i sees keys 0..i), 2 bottom-right (keys 0..i + Nk - Nq).
 // A row that sees no key gives O = 0 and lse = -inf.
 //
-// Compile with -DHEAD_DIM=d, 1 <= d <= 128 (ag/attention_cupy.py builds one module per d).
+// Compile with -DHEAD_DIM=d, 1 <= d <= 128 (ag/attention/gpu.py builds one module per d).
 // Launch: grid (ceil(Nq / 64), B·H), 256 threads, flash_fwd_f32_smem bytes of dynamic shared memory.
 
 #ifndef HEAD_DIM
@@ -30,7 +30,7 @@ constexpr int DCOLS = D / TX;                 // output columns per thread: tx +
 constexpr int STRIDE = D + 4;                 // floats per shared row, padded: float4 reads down a column are conflict-free
 constexpr int P_STRIDE = BLOCK_K + 4;
 
-// Dynamic shared memory per block, read by ag/attention_cupy.py (RawModule.get_global)
+// Dynamic shared memory per block, read by ag/attention/gpu.py (RawModule.get_global)
 extern "C" __constant__ int flash_fwd_f32_smem = (BLOCK_Q * STRIDE + 2 * BLOCK_K * STRIDE + BLOCK_Q * P_STRIDE) * 4;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }

@@ -33,7 +33,7 @@ constexpr int STRIDE = D + 4;                 // floats per shared row, padded: 
 constexpr int P_STRIDE = 64 + 4;
 static_assert(BLOCK_Q == TY * ROWS && BLOCK_K == TX * COLS && BLOCK_Q == BLOCK_K, "one 64 x 64 thread tiling");
 
-// Dynamic shared memory per block, read by ag/attention_cupy.py (RawModule.get_global)
+// Dynamic shared memory per block, read by ag/attention/gpu.py (RawModule.get_global)
 extern "C" __constant__ int flash_bwd_dkdv_f32_smem = (4 * 64 * STRIDE + 64 * P_STRIDE + 2 * BLOCK_Q) * 4;
 extern "C" __constant__ int flash_bwd_dq_f32_smem = (4 * 64 * STRIDE + 64 * P_STRIDE) * 4;
 

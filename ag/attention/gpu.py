@@ -1,4 +1,5 @@
-"""FlashAttention-2 on the GPU: the CUDA kernels in ``ag/kernels/``, loaded with ``cupy.RawModule``.
+"""FlashAttention-2 on the GPU: the CUDA kernels in ``kernels/`` beside this file, loaded with
+``cupy.RawModule``.
 
 The CUDA twin of ``ag.attention.tiled_forward`` and ``tiled_backward``, with the same names
 (``m_i``, ``l_i``, ``acc``, ``lse``, ``D``) so that one reads next to the other:
@@ -15,7 +16,7 @@ defaults to 1/√d. Every kernel is compiled by NVRTC on first use, once per (so
 CuPy keeps the binary on disk. Outputs may be given with ``out=``, arrays the kernels write
 every element of (the GPU tests fill them with NaN first).
 
-CuPy is imported inside the functions: ``import ag.attention_cupy`` works without it, and
+CuPy is imported inside the functions: ``import ag.attention.gpu`` works without it, and
 ``available()`` says why the GPU path cannot run.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ops import ShapeError
+from ..ops import ShapeError
 
 KERNEL_DIR = Path(__file__).with_name("kernels")
 KERNELS = {  # source file (without .cu) -> its extern "C" entry points

@@ -1,0 +1,43 @@
+"""Attention: the standard way (S and P materialized) and FlashAttention's tiled way.
+
+Shapes: ``q`` is (..., H, Nq, d); ``k`` and ``v`` are (..., Hkv, Nk, d) with H a multiple
+of Hkv: each key/value head serves a group of H / Hkv query heads (GQA; Hkv = 1 is MQA,
+Hkv = H is ordinary multi-head attention). ``scale`` defaults to 1/√d.
+
+Causal masking (``causal=True``) is top-left aligned, as in
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: query i sees keys
+0..i. ``causal="bottom_right"`` is FlashAttention-2's alignment: query i sees keys
+0..i + Nk - Nq, so when Nq > Nk the first rows see nothing; such a fully masked row
+gives output 0 and zero gradients, never NaN.
+
+The tiled path follows FlashAttention-2 (Dao, 2023), Algorithm 1 and 2: query tiles
+outside, key/value tiles inside, a running max ``m_i`` and sum ``l_i``, an unscaled
+accumulator ``acc`` divided once at the end, and only O and the logsumexp ``lse`` saved
+for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO ∘ O).
+
+One concept a module:
+
+- ``shapes``: the checks, the causal mask and the scale every path shares;
+- ``naive``: ``naive_attention``, S and P in memory, autograd through the engine;
+- ``online``: the online softmax's block merge (exercise 3);
+- ``tiles``: one tiled call's tiles and the arithmetic both loops share (``Tiles``);
+- ``forward``: Algorithm 1, ``tiled_forward`` (exercise 4) and ``fixed_shift_forward``;
+- ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5);
+- ``sharing``: one call cut into runs of heads and shared among threads;
+- ``flash``: ``flash_attention``, the loops as one op, on NumPy or on the GPU;
+- ``gpu``: the CUDA kernels (``kernels/*.cu``) through CuPy, imported lazily.
+"""
+from .backward import tiled_backward
+from .flash import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED, DEFAULT_BLOCK_Q,
+                    DEFAULT_BLOCK_Q_FORWARD_UNMASKED, SHIFTS, flash_attention)
+from .forward import fixed_shift_forward, tiled_forward
+from .naive import naive_attention
+from .online import SoftmaxBlock, merge_softmax_blocks, online_softmax, softmax_block
+from .tiles import EXP2_SAFE, LOG2_E, Tiles
+
+__all__ = [
+    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_K_FORWARD_UNMASKED", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_Q_FORWARD_UNMASKED",
+    "EXP2_SAFE", "LOG2_E", "SHIFTS", "SoftmaxBlock", "Tiles", "fixed_shift_forward", "flash_attention",
+    "merge_softmax_blocks", "naive_attention", "online_softmax", "softmax_block", "tiled_backward",
+    "tiled_forward",
+]

@@ -1,0 +1,42 @@
+"""FlashAttention-2's backward, Algorithm 2, on NumPy: every tile of P recomputed from the saved
+logsumexp (exercise 5)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .tiles import Tiles, group_sum
+
+
+def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
+    tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
+    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
+    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
+    h = tiles.heads
+    qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
+    dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
+    lse_g = lse.reshape(qg.shape[:-1] + (1,))
+    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
+    dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
+    dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
+    ### BEGIN SOLUTION
+    d_row = np.sum(dog * og, axis=-1, keepdims=True)
+    for k_start in range(0, h.n_k, tiles.block_k):
+        cols = slice(k_start, k_start + tiles.block_k)
+        k_j, v_j = kg[..., cols, :], vg[..., cols, :]
+        for q_start in tiles.query_tiles(k_start):
+            rows = slice(q_start, q_start + tiles.block_q)
+            q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
+            s = tiles.scores(q_i, k_j, q_start, k_start)
+            s -= lse_g[..., rows, :]
+            p = np.exp(s, out=s)
+            dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
+            ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
+            ds -= d_row[..., rows, :]
+            ds *= p
+            dqg[..., rows, :] += np.matmul(ds, k_j)
+            dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
+    ### END SOLUTION
+    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
+    return dq, dk, dv
