@@ -29,10 +29,10 @@ from typing import Callable
 import numpy as np
 
 # Below these sizes the op stays on the caller's thread, and a product on BLAS's own threads.
-# A block handed to a kept thread costs 20 to 45 µs to wake it, and the woken thread often starts
-# on the caller's busy core, not the idle one (17 of the 72 shared products of a --quick transformer step):
-# in an MLP's step a (512 × 256) @ (256 × 256) product took 0.8 ms on two op threads against 0.5
-# on OpenBLAS's own two, whose threads spin between calls (BENCHMARKS.md, "History").
+# Waking a kept thread takes 20 to 45 µs, and the woken thread often starts on the caller's busy
+# core, not the idle one (17 of the 72 shared products of a --quick transformer step): in an MLP's
+# step a (512 × 256) @ (256 × 256) product took 0.8 ms on two op threads against 0.5 on OpenBLAS's
+# own two, whose threads spin between calls (BENCHMARKS.md, "History").
 MIN_PRODUCT = 1 << 27  # multiply-adds of a product: (1024 × 512) @ (512 × 256), about 2.7 ms on one core
 MIN_PASS = 1 << 19  # elements of an elementwise or row-wise pass (2 MB of float32): GeLU of 2^18 took
 # 0.43 ms on two threads, 0.28 on one; of 2^19, 0.42 against 0.60
