@@ -36,8 +36,8 @@ from .online import SoftmaxBlock, merge_softmax_blocks, online_softmax, softmax_
 from .tiles import EXP2_SAFE, LOG2_E, Tiles
 
 __all__ = [
-    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_K_FORWARD_UNMASKED", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_Q_FORWARD_UNMASKED",
-    "EXP2_SAFE", "LOG2_E", "SHIFTS", "SoftmaxBlock", "Tiles", "fixed_shift_forward", "flash_attention",
-    "merge_softmax_blocks", "naive_attention", "online_softmax", "softmax_block", "tiled_backward",
-    "tiled_forward",
+    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_K_FORWARD_UNMASKED", "DEFAULT_BLOCK_Q",
+    "DEFAULT_BLOCK_Q_FORWARD_UNMASKED", "EXP2_SAFE", "LOG2_E", "SHIFTS", "SoftmaxBlock", "Tiles",
+    "fixed_shift_forward", "flash_attention", "merge_softmax_blocks", "naive_attention",
+    "online_softmax", "softmax_block", "tiled_backward", "tiled_forward",
 ]
