@@ -155,8 +155,8 @@ def _each_run(runs: list, own: list[Tiles], run_loop, hold_blas: bool) -> None:
 
 
 def _cupy_passes(causal, scale):
-    """The same passes on the GPU: ``ag/attention/kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy,
-    float32, one thread block per (batch·head, query tile), no atomics in backward."""
+    """The same passes on the GPU: ``kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy
+    (``gpu``), float32, one thread block per (batch·head, query tile), no atomics in backward."""
     from . import gpu
     ready, reason = gpu.available()
     if not ready:
