@@ -95,7 +95,7 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     forward_tiles = tiles
     if not causal and None in (block_q, block_k):
         forward_tiles = Tiles(heads, causal, tiles.scale, block_q or DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
-                               block_k or DEFAULT_BLOCK_K_FORWARD_UNMASKED)
+                              block_k or DEFAULT_BLOCK_K_FORWARD_UNMASKED)
     asked = sharing.count(workers)
     threads = sharing.threads_for(math.prod(heads.lead) * heads.h * heads.n_q * heads.n_k * heads.d, asked)
 

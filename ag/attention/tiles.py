@@ -134,7 +134,7 @@ class Tiles:
         """The tiles of query rows q_start..q_stop-1 alone, as a call of their own: their query 0 is
         row q_start, which sees as far as it did. They share this call's S buffer."""
         rows = Tiles(replace(self.heads, n_q=q_stop - q_start), self.causal, self.scale, self.block_q,
-                      self.block_k, offset=self.offset + q_start)
+                     self.block_k, offset=self.offset + q_start)
         rows._scores = self._scores
         return rows
 
