@@ -19,6 +19,17 @@ def as_array(x) -> np.ndarray:
     return x if type(x) is np.ndarray or array_module(x) is not np else np.asarray(x)
 
 
+def writeable(x) -> bool:
+    """Whether ``x`` may be written into: NumPy's own flag. CuPy keeps no such flag (its
+    ``flags`` has only the contiguity ones), so there a device array counts as writeable
+    unless it is broadcast: a zero stride over an axis of more than one element would make
+    one write land in several elements."""
+    flag = getattr(x.flags, "writeable", None)
+    if flag is not None:
+        return flag
+    return all(stride or n <= 1 for stride, n in zip(x.strides, x.shape))
+
+
 def numeric_array(value, name: str | None) -> np.ndarray:
     """A Tensor's value: a numeric array (bool, int, float or complex), or a TypeError that says why not."""
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":

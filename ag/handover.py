@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import writeable
 from .modes import config
 
 
@@ -49,7 +50,8 @@ class step:
 
 def can_own(grad: np.ndarray) -> bool:
     """Whether ``grad`` may become a tensor's ``.grad`` as it is; if so, it counts as handed over."""
-    if not grad.flags.writeable or id(grad) in _current.handed_out:
+    free = grad.flags.writeable if type(grad) is np.ndarray else writeable(grad)  # a NumPy array's flag, fast
+    if not free or id(grad) in _current.handed_out:
         return False
     output_grad = _current.output_grad
     if output_grad is not None and (grad is output_grad or grad.base is output_grad):

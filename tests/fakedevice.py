@@ -12,12 +12,22 @@ functions ag asks an array module for (``zeros``, ``asarray``, ``arange``, ...).
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 
 class HostMixError(TypeError):
     pass
+
+
+@dataclass(frozen=True)
+class Flags:
+    """CuPy's ``ndarray.flags``: contiguity and ownership, and no ``writeable`` flag."""
+
+    c_contiguous: bool
+    f_contiguous: bool
+    owndata: bool
 
 
 def _unwrap(x, where: str):
@@ -62,6 +72,8 @@ class ndarray:
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         where = f"np.{ufunc.__name__}.{method}" if method != "__call__" else f"np.{ufunc.__name__}"
+        if "where" in kwargs:  # as CuPy's ufuncs: TypeError: Wrong arguments {'where': ...}
+            raise TypeError(f"fakedevice: {where} takes no where= (CuPy's ufuncs do not)")
         out = kwargs.get("out")
         result = getattr(ufunc, method)(*_unwrap(inputs, where), **_unwrap(kwargs, where))
         if out is not None:  # written in place: hand back the caller's device arrays
@@ -70,6 +82,8 @@ class ndarray:
 
     def __array_function__(self, func, types, args, kwargs):
         where = f"np.{func.__name__}"
+        if "where" in kwargs and func is not np.copyto:  # cupy.sum, amax, ... take no where= either
+            raise TypeError(f"fakedevice: {where} takes no where= (CuPy's does not)")
         result = func(*_unwrap(args, where), **_unwrap(kwargs, where))
         return _wrap(result)
 
@@ -79,7 +93,9 @@ class ndarray:
     ndim = property(lambda self: self._a.ndim)
     size = property(lambda self: self._a.size)
     nbytes = property(lambda self: self._a.nbytes)
-    flags = property(lambda self: self._a.flags)
+    flags = property(lambda self: Flags(self._a.flags.c_contiguous, self._a.flags.f_contiguous,
+                                        self._a.flags.owndata))
+    strides = property(lambda self: self._a.strides)
     base = property(lambda self: None if self._a.base is None else ndarray(self._a.base))
     T = property(lambda self: ndarray(self._a.T))
     real = property(lambda self: ndarray(self._a.real))

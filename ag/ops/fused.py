@@ -90,7 +90,8 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
         y_ -= _finite_max(y_, (y_.ndim - 1,)).astype(y_.dtype, copy=False)
         np.exp(y_, out=y_)
         total = np.sum(y_, axis=-1, keepdims=True)
-        np.divide(y_, total, out=y_, where=total > 0)  # a fully masked row stays 0
+        np.copyto(total, 1, where=total == 0)  # a fully masked row stays 0 (CuPy's divide takes no where=)
+        np.divide(y_, total, out=y_)
     if type(s.value) is np.ndarray and s.value.flags.c_contiguous:  # the stack of (n_q, n_k) as views
         y = np.empty_like(s.value)
         scores3, y3 = s.value.reshape(-1, n_q, n_k), y.reshape(-1, n_q, n_k)

@@ -162,9 +162,11 @@ def softmax(a, axis: int = -1) -> Tensor:
     y = a.value - finite_max(a.value, (ax,))
     np.exp(y, out=y)
     total = np.sum(y, axis=ax, keepdims=True)
-    # a row with every entry -inf (fully masked) has total 0: leave its zeros, no 0/0; a row
-    # with a NaN has total NaN, and all of it becomes NaN, as in torch
-    np.divide(y, total, out=y, where=total != 0)
+    # a row with every entry -inf (fully masked) has total 0: divide its zeros by 1, no 0/0; a
+    # row with a NaN has total NaN, and all of it becomes NaN, as in torch (copyto, not a
+    # divide with where=: CuPy's ufuncs take no where=)
+    np.copyto(total, 1, where=total == 0)
+    np.divide(y, total, out=y)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, softmax_grad(out, saved[out], ax))
