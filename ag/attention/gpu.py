@@ -8,7 +8,7 @@ The CUDA twin of ``ag.attention.tiled_forward`` and ``tiled_backward``, with the
 - ``flash_bwd.cu``: the float32 backward, D = rowsum(dO ∘ O), then a dK/dV pass and a dQ pass
   (no atomics, so the gradients are the same bits on every run);
 - ``flash_fwd_bf16.cu``: the forward in bfloat16 on the tensor cores (``mma.sync`` m16n8k16,
-  float32 accumulation), float32 O and lse.
+  float32 accumulation, K and V tiles copied by ``cp.async`` in two stages), float32 O and lse.
 
 Shapes as in ``ag.attention``: q (..., H, Nq, d), k and v (..., Hkv, Nk, d), H a multiple of Hkv,
 here with 1 <= d <= 128. ``causal`` is False, True / "top_left" or "bottom_right"; ``scale``
@@ -177,7 +177,7 @@ def _kernel(source: str, name: str, head_dim: int, device: int):
     module = _module(source, head_dim)
     kernel = module.get_function(name)
     smem = 0
-    if name in ("flash_fwd_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32"):
+    if name in ("flash_fwd_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32", "flash_fwd_bf16"):
         pointer = module.get_global(f"{name}_smem")
         smem = int(cupy.ndarray((), cupy.int32, pointer).get())
         kernel.max_dynamic_shared_size_bytes = smem
