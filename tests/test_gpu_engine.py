@@ -134,3 +134,19 @@ def test_the_attention_demo_measures_the_gpu_pool():
     flash = [r.flash_bytes for r in rows]
     assert 3.5 < naive[2] / naive[1] < 4.5 and 1.8 < flash[2] / flash[1] < 2.2, (naive, flash)
     assert naive[2] > 10 * flash[2], (naive, flash)
+
+
+def test_lecture_4s_gpu_table_is_what_the_demo_measures_on_the_gpu():
+    """Note 4.9's table of CuPy pool peaks, to the 0.1 MB it prints, rerun on this GPU."""
+    import re
+    from pathlib import Path
+    from ag import demo
+    note = (Path(__file__).resolve().parent.parent / "lectures" / "04-io-and-flash-attention.md").read_text()
+    section = note.split("## 4.9")[1].split("## Summary")[0]
+    quoted = {int(n): (naive, flash) for n, naive, flash in
+              re.findall(r"^\s*(\d+)\s+([\d.]+|\(skipped\))\s+([\d.]+)\s", section, re.M)}
+    assert set(quoted) == {512, 1024, 2048, 4096, 8192, 16384}
+    for peak in demo.attention_scaling(device="gpu"):
+        naive, flash = quoted[peak.n]
+        assert f"{peak.flash_bytes / ag.trace.MB:.1f}" == flash, peak
+        assert (f"{peak.naive_bytes / ag.trace.MB:.1f}" if peak.naive_bytes is not None else "(skipped)") == naive, peak
