@@ -5,7 +5,7 @@
 #
 #   env.txt       the GPU, driver and versions (nvidia-smi, Python, CuPy, torch, NumPy, nvcc)
 #   pytest.txt    tests/test_gpu_attention.py (the kernels against float64), tests/test_gpu_engine.py
-#                 (the engine on CuPy) and tests/test_kernels_compile.py
+#                 and test_device_agnostic.py (the engine on CuPy), and tests/test_kernels_compile.py
 #   demo.txt      ag demo attention --device gpu
 #   bench.txt     benchmarks/gpu_attention.py (N from $GPU_BENCH_N, default 1024 2048), and bench.json
 #   profile.txt   Nsight Compute on the float32 and bf16 forward kernels (d = 128, N = 2048): launch,
@@ -59,7 +59,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, log to LOGDI
 cat "$LOGDIR/env.txt"
 
 step pytest "${GPU_PYTEST_SECONDS:-180}" "$PY" -m pytest -q -p no:cacheprovider -rf --maxfail=40 \
-  tests/test_gpu_attention.py tests/test_gpu_engine.py tests/test_kernels_compile.py
+  tests/test_gpu_attention.py tests/test_gpu_engine.py tests/test_device_agnostic.py tests/test_kernels_compile.py
 step demo 60 "$PY" -m ag demo attention --device gpu --out "$LOGDIR/plots"
 step bench "${GPU_BENCH_SECONDS:-120}" "$PY" benchmarks/gpu_attention.py --n ${GPU_BENCH_N:-1024 2048} \
   --json "$LOGDIR/bench.json"
