@@ -4,12 +4,13 @@
 // Same algorithm, names, masks and GQA as flash_fwd.cu: one thread block per (batch·head,
 // 64-row query tile), 4 warps, each warp owning 16 query rows; m_i, l_i and acc are float32 in
 // registers, m_i in log2 units (scores times log2 e, so that each exp is one ex2 instruction).
-// Q_i is loaded once into registers as mma A fragments. K_j and V_j stream through
-// two stages of shared memory: while the tensor cores work on tile j, cp.async copies tile j + 1
-// (global -> shared without passing through registers). Fragments come out of shared memory with
-// ldmatrix, V's transposed on the way (.trans), so V_j is stored as it is in memory. S_ij comes out of the tensor cores in the accumulator layout, which is exactly
-// the A-fragment layout of P_ij for the next product, so P never goes to shared memory
-// (FlashAttention-2's register reuse): only its rounding to bf16 happens on the way.
+// Q_i is loaded once into registers as mma A fragments. K_j and V_j stream through two stages of
+// shared memory: while the tensor cores work on tile j, cp.async copies tile j + 1 (global ->
+// shared without passing through registers). Fragments come out of shared memory with ldmatrix,
+// V's transposed on the way (.trans), so V_j is stored as it is in memory. S_ij comes out of the
+// tensor cores in the accumulator layout, which is exactly the A-fragment layout of P_ij for the
+// next product, so P never goes to shared memory (FlashAttention-2's register reuse): only its
+// rounding to bf16 happens on the way.
 //
 // Inputs q, k, v: bf16 bit patterns (uint16 arrays), layout as in flash_fwd.cu.
 // Outputs o and lse: float32 (o is not rounded to bf16; round it if a bf16 result is wanted).
@@ -39,9 +40,9 @@ constexpr int D = (HEAD_DIM + 15) / 16 * 16;  // head dim padded with zeros to a
 constexpr int STRIDE = D + 8;                 // bf16 per shared row of Q_i, K_j, V_j, padded: ldmatrix is conflict-free
 constexpr int KEY_TILES = BLOCK_K / 8;        // n = 8 mma tiles of S_ij along the keys
 constexpr int DIM_TILES = D / 8;              // n = 8 mma tiles of acc along the head dim
-constexpr int TILE = BLOCK_K * STRIDE;       // bf16 per shared tile
+constexpr int TILE = BLOCK_K * STRIDE;        // bf16 per shared tile
 static_assert(BLOCK_Q == BLOCK_K, "Q_i is staged through a K_j tile");
-// two stages of (K_j, V_j)
+// dynamic shared memory: two stages of (K_j, V_j)
 extern "C" __constant__ int flash_fwd_bf16_smem = 4 * TILE * sizeof(unsigned short);
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
