@@ -298,6 +298,7 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
         warm = [Tensor(xp.zeros((1, heads, n, d), dtype), requires_grad=True) for _ in range(3)]
         for attention, options in ((naive_attention, {}), (flash_attention, {"backend": backend})):
             attention(*warm, **options).backward(xp.ones((1, heads, n, d), dtype))
+        del warm
     rows = []
     for n in sizes:
         q, k, v = (xp.asarray(rng.standard_normal((1, heads, n, d)).astype(dtype)) for _ in range(3))
