@@ -10,7 +10,7 @@ from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from . import threads as _threads
 from .operands import operand as _operand
-from .reductions import finite_max as _finite_max, softmax_grad as _softmax_grad
+from .reductions import divide_by_row_sums, finite_max as _finite_max, softmax_grad as _softmax_grad
 
 
 def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
@@ -89,9 +89,7 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
             np.copyto(y_, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])
         y_ -= _finite_max(y_, (y_.ndim - 1,)).astype(y_.dtype, copy=False)
         np.exp(y_, out=y_)
-        total = np.sum(y_, axis=-1, keepdims=True)
-        np.copyto(total, 1, where=total == 0)  # a fully masked row stays 0 (CuPy's divide takes no where=)
-        np.divide(y_, total, out=y_)
+        divide_by_row_sums(y_, -1)
     if type(s.value) is np.ndarray and s.value.flags.c_contiguous:  # the stack of (n_q, n_k) as views
         y = np.empty_like(s.value)
         scores3, y3 = s.value.reshape(-1, n_q, n_k), y.reshape(-1, n_q, n_k)

@@ -155,18 +155,23 @@ def _softmax_grad_from(g: np.ndarray, dot: np.ndarray, y: np.ndarray, scale) -> 
         g *= g.dtype.type(scale)
 
 
+def divide_by_row_sums(y: np.ndarray, axis: int) -> None:
+    """y /= Σ_axis y, in place, for y = exp(...) >= 0. A row with every entry -inf (fully masked)
+    sums to 0 and keeps its zeros, no 0/0; a row with a NaN sums to NaN and all of it becomes NaN,
+    as in torch. The zero sums become 1 by copyto, not by a divide with where=: CuPy's ufuncs take
+    no where=."""
+    total = np.sum(y, axis=axis, keepdims=True)
+    np.copyto(total, 1, where=total == 0)
+    np.divide(y, total, out=y)
+
+
 def softmax(a, axis: int = -1) -> Tensor:
     """y = exp(a - max) / Σ exp(a - max);  da = y * (dy - Σ_axis dy * y)."""
     a = _operand("softmax", a)
     ax = _axis("softmax", axis, a.ndim)
     y = a.value - finite_max(a.value, (ax,))
     np.exp(y, out=y)
-    total = np.sum(y, axis=ax, keepdims=True)
-    # a row with every entry -inf (fully masked) has total 0: divide its zeros by 1, no 0/0; a
-    # row with a NaN has total NaN, and all of it becomes NaN, as in torch (copyto, not a
-    # divide with where=: CuPy's ufuncs take no where=)
-    np.copyto(total, 1, where=total == 0)
-    np.divide(y, total, out=y)
+    divide_by_row_sums(y, ax)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         accumulate_grad(a, softmax_grad(out, saved[out], ax))
