@@ -178,13 +178,11 @@ def round_bf16(x):
     return gpu.from_bfloat16(gpu.to_bfloat16(x))
 
 
-def naive_bf16(q, k, v, causal, scale):
-    """Naive attention the way bfloat16 tensors compute it, on the GPU: float32 arithmetic, every result
-    (Q Kᵀ, its scaling, softmax, P V) rounded to bfloat16."""
+def naive_bf16_probabilities(q, k, causal, scale):
+    """P of naive attention the way bfloat16 tensors compute it, on the GPU: float32 arithmetic, every result
+    (Q Kᵀ, its scaling, softmax) rounded to bfloat16."""
     cp = cupy()
-    q, k, v = (round_bf16(x) for x in (q, k, v))
-    group = q.shape[-3] // k.shape[-3]
-    k, v = cp.repeat(k, group, axis=-3), cp.repeat(v, group, axis=-3)
+    q, k = round_bf16(q), repeat_heads(round_bf16(k), q)
     s = round_bf16(round_bf16(q @ cp.swapaxes(k, -1, -2)) * cp.float32(scale))
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal:
@@ -193,8 +191,36 @@ def naive_bf16(q, k, v, causal, scale):
     m = s.max(axis=-1, keepdims=True)
     p = cp.exp(s - cp.where(cp.isfinite(m), m, 0))
     row_sum = p.sum(axis=-1, keepdims=True)
-    p = round_bf16(cp.where(row_sum > 0, p / cp.where(row_sum > 0, row_sum, 1), 0).astype(cp.float32))
-    return round_bf16(p @ v)
+    return round_bf16(cp.where(row_sum > 0, p / cp.where(row_sum > 0, row_sum, 1), 0).astype(cp.float32))
+
+
+def repeat_heads(kv, q):
+    """k or v with each key/value head repeated for the query heads of its GQA group."""
+    return cupy().repeat(kv, q.shape[-3] // kv.shape[-3], axis=-3)
+
+
+def naive_bf16(q, k, v, causal, scale):
+    """Naive attention the way bfloat16 tensors compute it: P V of the rounded P, rounded to bfloat16."""
+    return round_bf16(naive_bf16_probabilities(q, k, causal, scale) @ repeat_heads(round_bf16(v), q))
+
+
+def naive_bf16_gradients(q, k, v, do, causal, scale):
+    """dQ, dK, dV of naive attention the way bfloat16 tensors compute them: float32 arithmetic, every stored
+    result (O, dV, dP, D = rowsum(dO ∘ O), dS, its scaling, dQ, dK) rounded to bfloat16; dK and dV summed
+    over each GQA group, then rounded."""
+    cp = cupy()
+    p = naive_bf16_probabilities(q, k, causal, scale)
+    q, do = round_bf16(q), round_bf16(do)
+    k_rep, v_rep = repeat_heads(round_bf16(k), q), repeat_heads(round_bf16(v), q)
+    o = round_bf16(p @ v_rep)
+    dp = round_bf16(do @ cp.swapaxes(v_rep, -1, -2))
+    D = round_bf16((do * o).sum(axis=-1, keepdims=True))
+    ds = round_bf16(round_bf16(p * (dp - D)) * cp.float32(scale))
+
+    def per_kv_head(x):
+        x = round_bf16(x)
+        return round_bf16(x.reshape(x.shape[:-3] + (k.shape[-3], -1) + x.shape[-2:]).sum(axis=-3))
+    return round_bf16(ds @ k_rep), per_kv_head(cp.swapaxes(ds, -1, -2) @ q), per_kv_head(cp.swapaxes(p, -1, -2) @ do)
 
 
 @pytest.mark.parametrize("causal", CAUSAL)
@@ -226,5 +252,67 @@ def test_bfloat16_bits_and_float32_inputs_give_the_same_result(fresh):
     q, k, v = (cp.asarray(x) for x in inputs(rng, 70, 90, 64, 4, 2)[:3])
     from_float32 = gpu.forward_bf16(q, k, v, causal=True)
     from_bits = gpu.forward_bf16(*(gpu.to_bfloat16(x) for x in (q, k, v)), causal=True)
+    for a, b in zip(from_float32, from_bits):
+        cp.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("h, h_kv", HEADS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("n_q, n_k", SIZES)
+def test_bfloat16_gradients_are_within_twice_those_of_naive_bfloat16_attention(n_q, n_k, d, h, h_kv, causal, fresh):
+    """Each of dQ, dK, dV: max error against float64 at most twice naive bf16's, plus float32's tolerance
+    (where the exact gradient is 0, as dQ is with one key, naive bf16 can be exactly right by luck)."""
+    rng, seed = fresh
+    cp = cupy()
+    q, k, v, do = inputs(rng, n_q, n_k, d, h, h_kv)
+    _, _, want_grads = reference(q, k, v, do, causal)
+    qd, kd, vd, dod = (cp.asarray(x) for x in (q, k, v, do))
+    o, lse = gpu.forward_bf16(qd, kd, vd, causal=causal)
+    grads = poisoned(q.shape, k.shape, v.shape)
+    gpu.backward_bf16(qd, kd, vd, o, lse, dod, causal=causal, out=grads)
+    naive = naive_bf16_gradients(qd, kd, vd, dod, causal, 1 / np.sqrt(d))
+    for name, got, naive_grad, want in zip(("dQ", "dK", "dV"), grads, naive, want_grads):
+        got = got.get()
+        assert not np.isnan(got).any(), f"NaN in bf16 {name} (seed {seed})"
+        error = np.max(np.abs(got - want), initial=0)
+        naive_error = np.max(np.abs(naive_grad.get() - want), initial=0)
+        allowed = 2 * naive_error + FLOAT32_TOLERANCE * max(1.0, np.max(np.abs(want), initial=0))
+        assert error <= allowed, f"bf16 {name} error {error:.2e} > 2 × naive bf16's {naive_error:.2e} (seed {seed})"
+
+
+def run_bfloat16(q, k, v, do, causal):
+    """forward_bf16 then backward_bf16 on the host arrays: (o, lse, [dq, dk, dv]) on the host."""
+    cp = cupy()
+    qd, kd, vd, dod = (cp.asarray(x) for x in (q, k, v, do))
+    o, lse = gpu.forward_bf16(qd, kd, vd, causal=causal)
+    grads = gpu.backward_bf16(qd, kd, vd, o, lse, dod, causal=causal)
+    return o.get(), lse.get(), [g.get() for g in grads]
+
+
+def test_bfloat16_fully_masked_rows_and_padding_give_zero_gradients(fresh):
+    rng, seed = fresh
+    q, k, v, do = inputs(rng, 100, 30, 17, 4, 2)  # bottom-right: rows 0..69 see no key; d = 17 is padded
+    _, _, (dq, dk, dv) = run_bfloat16(q, k, v, do, "bottom_right")
+    assert not any(np.isnan(x).any() for x in (dq, dk, dv)), f"NaN (seed {seed})"
+    np.testing.assert_array_equal(dq[..., :70, :], 0)
+    assert np.abs(dq[..., 70:, :]).max() > 0 and np.abs(dk).max() > 0 and np.abs(dv).max() > 0
+
+
+def test_bfloat16_gradients_are_the_same_bits_on_every_run(fresh):
+    rng, seed = fresh
+    q, k, v, do = inputs(rng, 300, 300, 64, 8, 1)  # MQA: dK, dV summed over 8 heads, in a fixed order
+    first, second = run_bfloat16(q, k, v, do, True), run_bfloat16(q, k, v, do, True)
+    for a, b in zip(first[2], second[2]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bfloat16_backward_takes_bits_or_float32_alike(fresh):
+    rng, seed = fresh
+    cp = cupy()
+    q, k, v, do = (cp.asarray(x) for x in inputs(rng, 70, 90, 64, 4, 2))
+    o, lse = gpu.forward_bf16(q, k, v, causal=True)
+    from_float32 = gpu.backward_bf16(q, k, v, o, lse, do, causal=True)
+    from_bits = gpu.backward_bf16(*(gpu.to_bfloat16(x) for x in (q, k, v)), o, lse, gpu.to_bfloat16(do), causal=True)
     for a, b in zip(from_float32, from_bits):
         cp.testing.assert_array_equal(a, b)

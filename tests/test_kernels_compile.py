@@ -79,9 +79,11 @@ def nvcc() -> str:
 def compile_source(compiler: str, source: str, d: int, workdir: Path) -> Compiled:
     out = workdir / f"{source}_{d}"
     out.mkdir()
+    code = out / f"{source}.cu"  # the code NVRTC gets, shared header pasted in: compiled in a folder without it
+    code.write_text(gpu.kernel_code(source))
     command = [compiler, "-cubin", f"-arch={ARCH}", "-Xptxas", "-v", "-std=c++17", f"-DHEAD_DIM={d}",
                "--Werror", "all-warnings", "--keep", "--keep-dir", str(out), "-o", str(out / "kernel.cubin"),
-               str(gpu.kernel_sources()[source])]
+               str(code)]
     start = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -165,7 +167,7 @@ def nvrtc_library() -> ctypes.CDLL:
 def nvrtc_compile(nvrtc: ctypes.CDLL, source: Path, d: int) -> tuple[int, str]:
     """(status, log) of compiling ``source`` for sm_90 the way ag.attention.gpu has CuPy do it."""
     program = ctypes.c_void_p()
-    code, name = source.read_bytes(), source.name.encode()
+    code, name = gpu.kernel_code(source.stem).encode(), source.name.encode()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, name, 0, None, None) == 0
     options = [b"-std=c++17", f"-DHEAD_DIM={d}".encode(), f"--gpu-architecture={ARCH}".encode(), b"-Xptxas=-v"]
     status = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
@@ -189,10 +191,25 @@ def test_every_kernel_source_compiles_with_nvrtc_as_cupy_loads_it_without_spills
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, f"{name} (d = {d}) spills under NVRTC"
 
 
-def test_the_loader_lists_the_three_kernel_sources_and_they_exist():
+def test_the_loader_lists_the_four_kernel_sources_and_they_exist():
     sources = gpu.kernel_sources()
-    assert list(sources) == ["flash_fwd", "flash_bwd", "flash_fwd_bf16"]
+    assert list(sources) == ["flash_fwd", "flash_bwd", "flash_fwd_bf16", "flash_bwd_bf16"]
     assert all(path.is_file() and path.suffix == ".cu" for path in sources.values())
+
+
+def test_the_bf16_sources_get_their_shared_header_pasted_in_for_nvrtc():
+    header = (gpu.KERNEL_DIR / "bf16_mma.cuh").read_text()
+    for source in ("flash_fwd_bf16", "flash_bwd_bf16"):
+        text, code = gpu.kernel_sources()[source].read_text(), gpu.kernel_code(source)
+        assert '#include "bf16_mma.cuh"' in text and not re.search(r"^#include", code, re.MULTILINE)
+        assert header in code and len(code) == len(text) - len('#include "bf16_mma.cuh"') + len(header)
+
+
+def test_a_bad_do_for_the_bf16_backward_is_refused_naming_it():
+    q, k, v = qkv((1, 2, 8, 16), (1, 2, 8, 16))
+    with pytest.raises(ShapeError, match=r"backward needs do of shape \(1, 2, 8, 16\), float32 or uint16, got "
+                                         r"\(1, 2, 8, 16\), float64"):
+        gpu.backward_bf16(q, k, v, q, np.zeros((1, 2, 8), np.float32), q.astype(np.float64))
 
 
 # ---- ag.attention.gpu with no GPU ----

@@ -8,7 +8,11 @@ The CUDA twin of ``ag.attention.tiled_forward`` and ``tiled_backward``, with the
 - ``flash_bwd.cu``: the float32 backward, D = rowsum(dO ∘ O), then a dK/dV pass and a dQ pass
   (no atomics, so the gradients are the same bits on every run);
 - ``flash_fwd_bf16.cu``: the forward in bfloat16 on the tensor cores (``mma.sync`` m16n8k16,
-  float32 accumulation, K and V tiles copied by ``cp.async`` in two stages), float32 O and lse.
+  float32 accumulation, K and V tiles copied by ``cp.async`` in two stages), float32 O and lse;
+- ``flash_bwd_bf16.cu``: the backward in bfloat16 on the tensor cores, the same two passes as
+  ``flash_bwd.cu``, float32 gradients. The two bf16 sources share ``bf16_mma.cuh``, which
+  ``kernel_code`` pastes in before NVRTC sees them (so CuPy's disk cache, keyed on the code, sees
+  a change to it).
 
 Shapes as in ``ag.attention``: q (..., H, Nq, d), k and v (..., Hkv, Nk, d), H a multiple of Hkv,
 here with 1 <= d <= 128. ``causal`` is False, True / "top_left" or "bottom_right"; ``scale``
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,19 +40,30 @@ KERNELS = {  # source file (without .cu) -> its extern "C" entry points
     "flash_fwd": ("flash_fwd_f32",),
     "flash_bwd": ("flash_bwd_preprocess_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32"),
     "flash_fwd_bf16": ("flash_fwd_bf16",),
+    "flash_bwd_bf16": ("flash_bwd_dkdv_bf16", "flash_bwd_dq_bf16"),
 }
 MAX_HEAD_DIM = 128
 BLOCK = 64  # query rows per block and keys per tile, in every kernel
 THREADS = {"flash_fwd_f32": 256, "flash_bwd_preprocess_f32": 256, "flash_bwd_dkdv_f32": 256,
-           "flash_bwd_dq_f32": 256, "flash_fwd_bf16": 128}
+           "flash_bwd_dq_f32": 256, "flash_fwd_bf16": 128, "flash_bwd_dkdv_bf16": 128, "flash_bwd_dq_bf16": 128}
+DYNAMIC_SMEM = {"flash_fwd_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32", "flash_fwd_bf16", "flash_bwd_dkdv_bf16",
+                "flash_bwd_dq_bf16"}  # the kernels whose source has a <name>_smem constant
+_INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.MULTILINE)
 MAX_GRID_Y = 65535
 _CAUSAL_MODES = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 _OP = "flash_attention(backend='cupy')"
 
 
 def kernel_sources() -> dict[str, Path]:
-    """The CUDA sources, by name: flash_fwd, flash_bwd, flash_fwd_bf16."""
+    """The CUDA sources, by name: flash_fwd, flash_bwd, flash_fwd_bf16, flash_bwd_bf16."""
     return {name: KERNEL_DIR / f"{name}.cu" for name in KERNELS}
+
+
+def kernel_code(source: str) -> str:
+    """The code NVRTC compiles for a source: its text with each ``#include "x.cuh"`` replaced by
+    kernels/x.cuh (NVRTC is given no include path)."""
+    code = kernel_sources()[source].read_text()
+    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m[1]).read_text(), code)
 
 
 def available() -> tuple[bool, str]:
@@ -166,8 +182,7 @@ def _outputs(out, wanted: dict[str, tuple[tuple[int, ...], str]]) -> list:
 @functools.lru_cache(maxsize=None)
 def _module(source: str, head_dim: int):
     import cupy
-    code = kernel_sources()[source].read_text()
-    return cupy.RawModule(code=code, options=("-std=c++17", f"-DHEAD_DIM={head_dim}"))
+    return cupy.RawModule(code=kernel_code(source), options=("-std=c++17", f"-DHEAD_DIM={head_dim}"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,7 +192,7 @@ def _kernel(source: str, name: str, head_dim: int, device: int):
     module = _module(source, head_dim)
     kernel = module.get_function(name)
     smem = 0
-    if name in ("flash_fwd_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32", "flash_fwd_bf16"):
+    if name in DYNAMIC_SMEM:
         pointer = module.get_global(f"{name}_smem")
         smem = int(cupy.ndarray((), cupy.int32, pointer).get())
         kernel.max_dynamic_shared_size_bytes = smem
@@ -202,39 +217,74 @@ def forward(q, k, v, *, causal=False, scale=None, out=None):
     return o, lse
 
 
+def _check_backward_inputs(q, o, lse, do, do_dtypes: tuple[str, ...]) -> None:
+    for name, x, shape, dtypes in (("o", o, q.shape, ("float32",)), ("do", do, q.shape, do_dtypes),
+                                   ("lse", lse, q.shape[:-1], ("float32",))):
+        if tuple(x.shape) != tuple(shape) or np.dtype(x.dtype).name not in dtypes:
+            raise ShapeError(f"{_OP}: backward needs {name} of shape {tuple(shape)}, {' or '.join(dtypes)}, got "
+                             f"{tuple(x.shape)}, {np.dtype(x.dtype).name}")
+
+
+def _row_dots(launch: _Launch, o, do):
+    """D = rowsum(do ∘ o), float32, one per query row (flash_bwd.cu's preprocess kernel)."""
+    import cupy
+    D = cupy.empty(o.shape[:-1], cupy.float32)
+    rows = launch.batch * launch.h * launch.n_q
+    warps = THREADS["flash_bwd_preprocess_f32"] // 32
+    _launch("flash_bwd", "flash_bwd_preprocess_f32", launch.d, (-(-rows // warps),), (o, do, D, np.int64(rows)))
+    return D
+
+
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, out=None):
     """(dq, dk, dv) of a loss whose grad at o = forward(q, k, v) is ``do``, by flash_bwd.cu in float32:
     D = rowsum(do ∘ o), then dK, dV (summed over each GQA group, shaped like k, v) and dQ, each element
     written by one thread, no atomics; ``out=(dq, dk, dv)`` writes into given arrays."""
     launch = _plan(q, k, v, causal, scale, ("float32",))
-    for name, x, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:-1])):
-        if tuple(x.shape) != tuple(shape) or np.dtype(x.dtype) != np.float32:
-            raise ShapeError(f"{_OP}: backward needs {name} of shape {tuple(shape)}, float32, got "
-                             f"{tuple(x.shape)}, {np.dtype(x.dtype).name}")
+    _check_backward_inputs(q, o, lse, do, ("float32",))
     q, k, v, o, lse, do = _cupy_arrays(q, k, v, o, lse, do)
     dq, dk, dv = _outputs(out, {"dq": (q.shape, "float32"), "dk": (k.shape, "float32"),
                                 "dv": (v.shape, "float32")})
-    import cupy
-    D = cupy.empty(lse.shape, cupy.float32)
-    rows = launch.batch * launch.h * launch.n_q
-    warps = THREADS["flash_bwd_preprocess_f32"] // 32
-    _launch("flash_bwd", "flash_bwd_preprocess_f32", launch.d, (-(-rows // warps),), (o, do, D, np.int64(rows)))
+    D = _row_dots(launch, o, do)
     _launch("flash_bwd", "flash_bwd_dkdv_f32", launch.d, launch.key_grid(),
             (q, k, v, do, lse, D, dk, dv) + launch.args())
     _launch("flash_bwd", "flash_bwd_dq_f32", launch.d, launch.query_grid(), (q, k, v, do, lse, D, dq) + launch.args())
     return dq, dk, dv
 
 
+def _bfloat16_bits(*arrays):
+    """The arrays as bfloat16 bits on a GPU with bf16 mma: uint16 arrays as they are, float32 rounded."""
+    import cupy
+    capability = cupy.cuda.Device().compute_capability
+    if int(capability) < 80:
+        raise RuntimeError(f"{_OP}: the bfloat16 kernels need tensor cores with bf16 mma (sm_80 or newer), "
+                           f"this GPU is sm_{capability}")
+    return _cupy_arrays(*(x if x.dtype == np.uint16 else to_bfloat16(x) for x in arrays))
+
+
 def forward_bf16(q, k, v, *, causal=False, scale=None, out=None):
     """forward() in bfloat16 on the tensor cores, by flash_fwd_bf16.cu: q, k, v as float32 (rounded to the
     nearest bfloat16 here) or as uint16 bfloat16 bits (``to_bfloat16``); o and lse float32."""
     launch = _plan(q, k, v, causal, scale, ("float32", "uint16"))
-    q, k, v = _cupy_arrays(*(x if x.dtype == np.uint16 else to_bfloat16(x) for x in (q, k, v)))
-    import cupy
-    capability = cupy.cuda.Device().compute_capability
-    if int(capability) < 80:
-        raise RuntimeError(f"{_OP}: the bfloat16 kernel needs tensor cores with bf16 mma (sm_80 or newer), "
-                           f"this GPU is sm_{capability}")
+    q, k, v = _bfloat16_bits(q, k, v)
     o, lse = _outputs(out, {"o": (q.shape, "float32"), "lse": (q.shape[:-1], "float32")})
     _launch("flash_fwd_bf16", "flash_fwd_bf16", launch.d, launch.query_grid(), (q, k, v, o, lse) + launch.args())
     return o, lse
+
+
+def backward_bf16(q, k, v, o, lse, do, *, causal=False, scale=None, out=None):
+    """backward() in bfloat16 on the tensor cores, by flash_bwd_bf16.cu: q, k, v and do as float32 (rounded
+    to the nearest bfloat16 here) or as bfloat16 bits, o and lse float32 from forward_bf16; D = rowsum(do ∘ o)
+    from the rounded do, the five products in bf16 with float32 accumulation (P and dS rounded to bf16 on
+    their way back into the tensor cores); dq, dk, dv float32, the same bits on every run."""
+    launch = _plan(q, k, v, causal, scale, ("float32", "uint16"))
+    _check_backward_inputs(q, o, lse, do, ("float32", "uint16"))
+    q, k, v, do = _bfloat16_bits(q, k, v, do)
+    o, lse = _cupy_arrays(o, lse)
+    dq, dk, dv = _outputs(out, {"dq": (q.shape, "float32"), "dk": (k.shape, "float32"),
+                                "dv": (v.shape, "float32")})
+    D = _row_dots(launch, o, from_bfloat16(do))
+    _launch("flash_bwd_bf16", "flash_bwd_dkdv_bf16", launch.d, launch.key_grid(),
+            (q, k, v, do, lse, D, dk, dv) + launch.args())
+    _launch("flash_bwd_bf16", "flash_bwd_dq_bf16", launch.d, launch.query_grid(),
+            (q, k, v, do, lse, D, dq) + launch.args())
+    return dq, dk, dv
