@@ -10,10 +10,10 @@ bottom-right). The contestants, on the same inputs in the same run:
 - ag fp32: ``ag.attention.gpu.forward`` and ``backward`` (``flash_fwd.cu``, ``flash_bwd.cu``), float32;
 - torch fp32: ``torch.nn.functional.scaled_dot_product_attention`` on the same float32 arrays (shared
   through DLPack, no copy), with the backend torch picks for float32 (memory-efficient attention);
-- ag bf16: ``ag.attention.gpu.forward_bf16`` (``flash_fwd_bf16.cu``, mma.sync on the tensor cores),
-  on the inputs rounded to bfloat16 beforehand;
+- ag bf16: ``ag.attention.gpu.forward_bf16`` and ``backward_bf16`` (``flash_fwd_bf16.cu``,
+  ``flash_bwd_bf16.cu``, mma.sync on the tensor cores), on the inputs rounded to bfloat16 beforehand;
 - torch bf16 flash and torch bf16 cuDNN: SDPA on the same bfloat16 inputs, the backend pinned with
-  ``torch.nn.attention.sdpa_kernel`` to FLASH_ATTENTION and to CUDNN_ATTENTION;
+  ``torch.nn.attention.sdpa_kernel`` to FLASH_ATTENTION and to CUDNN_ATTENTION (the backward: flash's);
 - naive fp32: S = Q Kᵀ, P = softmax(S) and O = P V materialized with CuPy (left out when S and P
   do not fit in the GPU's free memory).
 
@@ -89,18 +89,19 @@ class Inputs:
         import cupy as cp
         rng = cp.random.default_rng(seed)
         self.q, self.k, self.v, self.do = (rng.standard_normal((B, H, n, d), dtype=cp.float32) for _ in range(4))
-        self.bits = [gpu.to_bfloat16(x) for x in (self.q, self.k, self.v)]
+        self.bits = [gpu.to_bfloat16(x) for x in (self.q, self.k, self.v, self.do)]
 
 
 def ag_contestants(x: Inputs, causal: bool) -> dict[str, Callable[[], object]]:
     import cupy as cp
     o, lse = gpu.forward(x.q, x.k, x.v, causal=causal)
     grads = tuple(cp.empty_like(a) for a in (x.q, x.k, x.v))
-    o_bf16, lse_bf16 = cp.empty_like(o), cp.empty_like(lse)
+    o_bf16, lse_bf16 = gpu.forward_bf16(*x.bits[:3], causal=causal)
     return {
         "ag fp32 fwd": lambda: gpu.forward(x.q, x.k, x.v, causal=causal, out=(o, lse)),
         "ag fp32 bwd": lambda: gpu.backward(x.q, x.k, x.v, o, lse, x.do, causal=causal, out=grads),
-        "ag bf16 fwd": lambda: gpu.forward_bf16(*x.bits, causal=causal, out=(o_bf16, lse_bf16)),
+        "ag bf16 fwd": lambda: gpu.forward_bf16(*x.bits[:3], causal=causal, out=(o_bf16, lse_bf16)),
+        "ag bf16 bwd": lambda: gpu.backward_bf16(*x.bits[:3], o_bf16, lse_bf16, x.bits[3], causal=causal, out=grads),
     }
 
 
@@ -114,12 +115,15 @@ def torch_contestants(x: Inputs, causal: bool) -> tuple[dict[str, Callable[[], o
     except Exception as error:
         reason = f"torch unavailable: {error}"
         return {}, {name: reason for name in ("torch fp32 fwd", "torch fp32 bwd", "torch bf16 flash fwd",
-                                                 "torch bf16 cuDNN fwd")}
+                                                 "torch bf16 flash bwd", "torch bf16 cuDNN fwd")}
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q, k, v, do = (torch.from_dlpack(a) for a in (x.q, x.k, x.v, x.do))
     qg, kg, vg = (a.detach().clone().requires_grad_() for a in (q, k, v))
     o = sdpa(qg, kg, vg, is_causal=causal)
-    q16, k16, v16 = (a.to(torch.bfloat16) for a in (q, k, v))
+    q16, k16, v16, do16 = (a.to(torch.bfloat16) for a in (q, k, v, do))
+    q16g, k16g, v16g = (a.detach().clone().requires_grad_() for a in (q16, k16, v16))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        o16 = sdpa(q16g, k16g, v16g, is_causal=causal)
 
     def pinned(backend):
         def run():
@@ -131,6 +135,7 @@ def torch_contestants(x: Inputs, causal: bool) -> tuple[dict[str, Callable[[], o
         "torch fp32 fwd": lambda: sdpa(q, k, v, is_causal=causal),
         "torch fp32 bwd": lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
         "torch bf16 flash fwd": pinned(SDPBackend.FLASH_ATTENTION),
+        "torch bf16 flash bwd": lambda: torch.autograd.grad(o16, (q16g, k16g, v16g), do16, retain_graph=True),
         "torch bf16 cuDNN fwd": pinned(SDPBackend.CUDNN_ATTENTION),
     }
     runs, missing = {}, {}
@@ -192,7 +197,7 @@ def measure(n: int, d: int, causal: bool, trials: int) -> dict[str, float | str]
 
 
 COLUMNS = ["ag fp32 fwd", "torch fp32 fwd", "ag fp32 bwd", "torch fp32 bwd", "ag bf16 fwd", "torch bf16 flash fwd",
-           "torch bf16 cuDNN fwd", "naive fp32 fwd"]
+           "torch bf16 cuDNN fwd", "ag bf16 bwd", "torch bf16 flash bwd", "naive fp32 fwd"]
 
 
 def cell(value) -> str:
@@ -209,7 +214,8 @@ def table_row(d: int, causal: bool, n: int, result: dict) -> list[str]:
     return ([str(d), "causal" if causal else "full", str(n)] + [cell(result.get(c)) for c in COLUMNS]
             + [f"{fp32:.2f} {'met' if fp32 >= FP32_GOAL else 'NOT met'}" if fp32 else "n/a",
                f"{bf16:.2f} {'met' if bf16 >= BF16_GOAL else 'NOT met'}" if bf16 else "n/a",
-               f"{r:.2f}" if (r := ratio(result, "ag fp32 bwd", "torch fp32 bwd")) else "n/a"])
+               f"{r:.2f}" if (r := ratio(result, "ag fp32 bwd", "torch fp32 bwd")) else "n/a",
+               f"{r:.2f}" if (r := ratio(result, "ag bf16 bwd", "torch bf16 flash bwd")) else "n/a"])
 
 
 def print_progress(d: int, causal: bool, n: int, result: dict) -> None:
@@ -265,7 +271,7 @@ def main() -> None:
                 print_progress(d, causal, n, result)
     print_table("TFLOP/s (n/a: did not run, see the lines above)",
                 ["d", "mask", "N"] + COLUMNS + ["ag/torch fp32 fwd (goal >= 0.5)", "ag bf16/torch flash (goal >= 0.5)",
-                                                 "ag/torch fp32 bwd"], rows)
+                                                 "ag/torch fp32 bwd", "ag bf16/torch flash bwd"], rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_lines(), "figures": figures}, f, indent=1)

@@ -8,7 +8,7 @@
 #                 and test_device_agnostic.py (the engine on CuPy), and tests/test_kernels_compile.py
 #   demo.txt      ag demo attention --device gpu
 #   bench.txt     benchmarks/gpu_attention.py (N from $GPU_BENCH_N, default 1024 2048), and bench.json
-#   profile.txt   Nsight Compute on the float32 and bf16 forward kernels (d = 128, N = 2048): launch,
+#   profile.txt   Nsight Compute on the float32 and bf16 kernels, forward and backward (d = 128, N = 2048): launch,
 #                 occupancy, speed of light, compute and memory workload
 #   sanitize.txt  benchmarks/gpu_sanitize.sh: memcheck, racecheck, synccheck
 #
@@ -31,8 +31,10 @@ from ag.attention import gpu
 
 rng = cp.random.default_rng(0)
 q, k, v = (rng.standard_normal((4, 16, 2048, 128), dtype=cp.float32) for _ in range(3))
-gpu.forward(q, k, v)
-gpu.forward_bf16(q, k, v)
+o, lse = gpu.forward(q, k, v)
+gpu.backward(q, k, v, o, lse, q)
+o, lse = gpu.forward_bf16(q, k, v)
+gpu.backward_bf16(q, k, v, o, lse, q)
 cp.cuda.Device().synchronize()
 EOF
 
@@ -65,7 +67,8 @@ step bench "${GPU_BENCH_SECONDS:-120}" "$PY" benchmarks/gpu_attention.py --n ${G
   --json "$LOGDIR/bench.json"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
 step profile "${GPU_PROFILE_SECONDS:-120}" "${NCU:-ncu}" --section LaunchStats --section Occupancy \
-  --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis -k regex:flash_fwd -c 2 \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+  -k regex:'flash_(fwd|bwd_dkdv|bwd_dq)' -c 6 \
   "$PY" -c "$PROFILED"
 step sanitize "${GPU_SANITIZE_SECONDS:-150}" bash benchmarks/gpu_sanitize.sh
 echo "gpu_check: $failed step(s) failed; logs in $LOGDIR"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck and synccheck on small cases of every CUDA kernel in
-# ag/attention/kernels/ (forward, backward, bf16 forward): boundary tiles (Nq = 70, Nk = 45), GQA,
+# ag/attention/kernels/ (float32 and bf16, forward and backward): boundary tiles (Nq = 70, Nk = 45), GQA,
 # all three masks, d = 16, 17 (scalar loads) and 80. Needs a GPU, CuPy and the CUDA toolkit.
 #
 #   bash benchmarks/gpu_sanitize.sh
@@ -30,7 +30,8 @@ for d in (16, 17, 80):
     for causal in (False, True, "bottom_right"):
         o, lse = m.forward(q, k, v, causal=causal)
         m.backward(q, k, v, o, lse, cp.ones_like(o), causal=causal)
-        m.forward_bf16(q, k, v, causal=causal)
+        o, lse = m.forward_bf16(q, k, v, causal=causal)
+        m.backward_bf16(q, k, v, o, lse, cp.ones_like(o), causal=causal)
 cp.cuda.Device().synchronize()
 print("cases ran")
 EOF
