@@ -52,6 +52,7 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.attention import sharing  # noqa: E402
+from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
@@ -534,12 +535,12 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
     bound = np.where(visible, np.nan, -np.inf).astype(np.float32)  # fmin's: keeps S where visible
 
     def ag_mask():
-        v = attention._visible(True, rows, cols, block_q, block_k)
+        v = visible_keys(True, rows, cols, block_q, block_k)
         if not v.all():
             buf[..., ~v] = -np.inf
 
     def ag_mask_check():  # an off-diagonal tile: the mask is built and found all True
-        return attention._visible(True, rows + block_k, cols, block_q, block_k).all()
+        return visible_keys(True, rows + block_k, cols, block_q, block_k).all()
 
     def inplace_ds():
         dp = np.matmul(t["do_i"], sw(t["v_j"], -1, -2))

@@ -71,6 +71,15 @@ def test_table_2c_times_one_head_with_edge_tiles(torch_or_skip):
     assert torch_or_skip.get_num_threads() == threads
 
 
+def test_the_anatomy_times_every_step_of_a_tile(capsys):
+    """Table 4 runs every step ag writes and each alternative (it once called a helper that had moved)."""
+    bench = _attention_benchmark()
+    bench.anatomy(256, {"block_q": 64, "block_k": 64}, number=1)
+    out = capsys.readouterr().out
+    assert "4. One tile of flash (64 x 64" in out and "diagonal tile: S = fmin(S, NaN/-inf tile)" in out
+    assert "fwd: sum of the steps" in out and "bwd: sum of the steps" in out
+
+
 def test_the_benchmarks_name_the_cpu_by_family_and_model(tmp_path):
     """Machines of one kind share a model name ("AMD EPYC") and still differ: family and model say which."""
     from mlp import cpu_name
