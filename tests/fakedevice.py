@@ -54,6 +54,15 @@ def _wrap(x):
     return x
 
 
+def _contiguous(a):
+    """What CuPy's matmul does to each operand of a stack of matrices (ndim > 2) before cuBLAS's
+    strided-batched product: a C-contiguous copy of one that is not, such as a transposed view
+    (``ascontiguousarray`` in cupy/_core/_routines_linalg.pyx), made in the pool as CuPy's is."""
+    if not isinstance(a, np.ndarray) or a.flags.c_contiguous:
+        return a
+    return ndarray(np.ascontiguousarray(a))._a
+
+
 class ndarray:
     """A NumPy array behind a device boundary."""
 
@@ -75,7 +84,10 @@ class ndarray:
         if "where" in kwargs:  # as CuPy's ufuncs: TypeError: Wrong arguments {'where': ...}
             raise TypeError(f"fakedevice: {where} takes no where= (CuPy's ufuncs do not)")
         out = kwargs.get("out")
-        result = getattr(ufunc, method)(*_unwrap(inputs, where), **_unwrap(kwargs, where))
+        arrays = _unwrap(inputs, where)
+        if ufunc is np.matmul and max(np.ndim(a) for a in arrays) > 2:
+            arrays = [_contiguous(a) for a in arrays]
+        result = getattr(ufunc, method)(*arrays, **_unwrap(kwargs, where))
         if out is not None:  # written in place: hand back the caller's device arrays
             return out[0] if len(out) == 1 else out
         return _wrap(result)

@@ -129,6 +129,43 @@ def test_rematerialized_chain_runs_on_the_device(rng, device):
     assert all(isinstance(t.grad, device.array) for t in w + [x])
 
 
+def test_the_double_copies_a_transposed_operand_of_a_stacked_product_as_cupy_does(rng):
+    """CuPy's matmul makes each operand of a stack (ndim > 2) C-contiguous before its batched product
+    (cupy/_core/_routines_linalg.pyx); the double does the same, in its pool."""
+    p, g = (fakedevice.to_device(rng.standard_normal((1, 64, 64))) for _ in range(2))
+    ag.trace.start_trace(device=fakedevice)
+    try:
+        np.matmul(p, g)
+        contiguous = ag.trace.snapshot_trace().peak_bytes
+        np.matmul(np.swapaxes(p, -1, -2), g)
+        transposed = ag.trace.snapshot_trace().peak_bytes
+    finally:
+        ag.trace.end_trace()
+    assert contiguous == p.nbytes and transposed == 2 * p.nbytes
+
+
+def attention_step_peak(arrays, device) -> int:
+    """Peak bytes of naive attention's forward + backward on these arrays, traced on ``device``."""
+    xp = np if device == "cpu" else device
+    tensors = [ag.Tensor(a if xp is np else fakedevice.to_device(a), requires_grad=True) for a in arrays]
+    ag.trace.start_trace(device)
+    try:
+        out = naive_attention(*tensors)
+        out.backward(xp.ones(out.shape))
+        return ag.trace.snapshot_trace().peak_bytes
+    finally:
+        ag.trace.end_trace()
+
+
+def test_naive_attention_peaks_on_the_device_where_it_peaks_on_numpy(rng):
+    """dV = Pᵀ dO would copy Pᵀ, an N×N array, on CuPy (above); ag computes it as (dOᵀ P)ᵀ there, and
+    the step's peak is the host's to within a quarter of one N×N array."""
+    n = 256
+    arrays = [rng.standard_normal((1, 1, n, 16)) for _ in range(3)]
+    host_peak, device_peak = attention_step_peak(arrays, "cpu"), attention_step_peak(arrays, fakedevice)
+    assert abs(device_peak - host_peak) < n * n * 8 / 4, (host_peak / (n * n * 8), device_peak / (n * n * 8))
+
+
 def test_numpy_flash_attention_refuses_device_arrays_with_a_clear_error(rng):
     q = fakedevice.to_device(rng.standard_normal((1, 2, 4, 8)))
     with pytest.raises(TypeError, match="backend='numpy' needs NumPy arrays"):

@@ -73,6 +73,23 @@ def test_trace_agrees_with_cupys_memory_pool(rng):
     assert host_array.nbytes == 8_000_000
 
 
+def test_naive_attention_peaks_on_the_gpu_where_it_peaks_on_numpy(rng):
+    """CuPy copies a stack's transposed operand before its product; ag's dV = (dOᵀ P)ᵀ keeps Pᵀ's N×N
+    copy out, so the pool's peak is tracemalloc's on the host to within a quarter of an N×N array."""
+    n = 1024
+    arrays = [rng.standard_normal((1, 1, n, 64)).astype(np.float32) for _ in range(3)]
+    peaks = []
+    for xp, device in ((np, "cpu"), (cupy(), "gpu")):
+        tensors = [ag.Tensor(xp.asarray(a), requires_grad=True) for a in arrays]
+        ag.trace.start_trace(device)
+        out = naive_attention(*tensors)
+        out.backward(xp.ones(out.shape, np.float32))
+        peaks.append(ag.trace.snapshot_trace().peak_bytes)
+        ag.trace.end_trace()
+        del out, tensors
+    assert abs(peaks[1] - peaks[0]) < n * n * 4 / 4, [p / (n * n * 4) for p in peaks]
+
+
 def test_the_attention_demo_measures_the_gpu_pool():
     """``ag demo attention --device gpu``'s table: naive's peak grows ×4 per doubling of N, flash's ×2."""
     from ag import demo

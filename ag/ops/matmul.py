@@ -80,6 +80,8 @@ def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> n
         product = np.empty(shape or x.shape[:-1] + y.shape[-1:], np.result_type(x, y))  # C order, as matmul's
         _threads.in_blocks(blocks(product), len(blocks), blocks.multiply_adds, _threads.MIN_PRODUCT,
                            blas=True, align=blocks.align)
+    elif shape is None and type(x) is not np.ndarray and min(x.ndim, y.ndim) >= 2 and max(x.ndim, y.ndim) > 2:
+        product = _device_stack_product(x, y)
     elif shape is None:  # for 1-D and 2-D operands np.dot is np.matmul (to rounding) without 0.45 µs of set-up
         product = x.dot(y) if x.ndim <= 2 and y.ndim <= 2 else np.matmul(x, y)
     else:
@@ -88,6 +90,24 @@ def _mm(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> n
     if config.watchers:  # count_ops among them; 0.08 µs a product otherwise
         trace.count_matmul(config.phase, 2 * product.size * x.shape[-1])
     return product
+
+
+def _device_stack_product(x, y):
+    """x @ y for stacks of matrices off NumPy (CuPy). CuPy's matmul first copies each operand of a
+    stack that is not C-contiguous (cupy/_core/_routines_linalg.pyx), so a backward's transposed
+    operand would be copied whole: attention's Pᵀ in dV = Pᵀ dO, an N×N array NumPy's BLAS reads
+    in place. (yᵀ xᵀ)ᵀ is the same product with the other operands' copies and one of the result
+    (to C order); whichever way copies fewer bytes runs."""
+    xt, yt = np.swapaxes(x, -1, -2), np.swapaxes(y, -1, -2)
+    result = math.prod(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1]))
+    if _copied(yt, xt) + result * np.result_type(x.dtype, y.dtype).itemsize < _copied(x, y):
+        return np.swapaxes(np.matmul(yt, xt), -1, -2).copy()  # .copy() is C order, in NumPy and CuPy
+    return np.matmul(x, y)
+
+
+def _copied(*arrays) -> int:
+    """Bytes CuPy's matmul copies of these operands of a stack: those that are not C-contiguous."""
+    return sum(a.nbytes for a in arrays if not a.flags.c_contiguous)
 
 
 class _ProductBlocks:
