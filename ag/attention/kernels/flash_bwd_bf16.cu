@@ -38,6 +38,31 @@ __device__ __forceinline__ float lse_log2(const float* __restrict__ lse, int row
     return l == neg_inf() ? pos_inf() : l * LOG2_E;
 }
 
+// The two products both passes start with, over the head dim, in C layout: s = X Yᵀ and dp = U Wᵀ
+// for this warp's 16 rows row_w.. of the shared tiles x and u and N · 8 rows col0.. of y and w
+// (the dQ pass: X, U = Q_i, dO_i and Y, W = K_j, V_j, giving S and dP; the dK/dV pass: the
+// other way round, giving Sᵀ and dPᵀ)
+template <int N>
+__device__ __forceinline__ void scores_and_their_grads(float (&s)[N][4], float (&dp)[N][4], const bf16* x,
+                                                       const bf16* u, int row_w, const bf16* y, const bf16* w,
+                                                       int col0) {
+    for (int n = 0; n < N; ++n)
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+    for (int kk = 0; kk < DIM_TILES / 2; ++kk) {  // 16 head-dim columns at a time
+        unsigned a_x[4], a_u[4], b[4];
+        load_a(a_x, x, row_w, kk * 16);
+        load_a(a_u, u, row_w, kk * 16);
+        for (int n = 0; n < N; n += 2) {
+            load_b_of_transpose(b, y, col0 + n * 8, kk * 16);
+            mma_m16n8k16(s[n], a_x, b[0], b[1]);
+            mma_m16n8k16(s[n + 1], a_x, b[2], b[3]);
+            load_b_of_transpose(b, w, col0 + n * 8, kk * 16);
+            mma_m16n8k16(dp[n], a_u, b[0], b[1]);
+            mma_m16n8k16(dp[n + 1], a_u, b[2], b[3]);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)  // without the 1, ptxas spills at d = 16
 flash_bwd_dkdv_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                     const bf16* __restrict__ d_o, const float* __restrict__ lse, const float* __restrict__ D,
@@ -102,23 +127,9 @@ flash_bwd_dkdv_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
         const int q_start = q_first + it % q_tiles * BLOCK;
 
         for (int c0 = 0; c0 < BLOCK; c0 += CHUNK) {  // queries c0.. of the tile
-            // Sᵀ and dPᵀ in C layout: [n][e] is key row_w + g + 8 (e / 2), query c0 + n · 8 + 2t + e % 2
+            // Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: [n][e] is key row_w + g + 8 (e / 2), query c0 + n · 8 + 2t + e % 2
             float s[CHUNK_TILES][4], dp[CHUNK_TILES][4];
-            for (int n = 0; n < CHUNK_TILES; ++n)
-                for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-            for (int kk = 0; kk < DIM_TILES / 2; ++kk) {  // 16 head-dim columns at a time
-                unsigned a_k[4], a_v[4], b[4];
-                load_a(a_k, k_s, row_w, kk * 16);
-                load_a(a_v, v_s, row_w, kk * 16);
-                for (int n = 0; n < CHUNK_TILES; n += 2) {
-                    load_b_of_transpose(b, q_i, c0 + n * 8, kk * 16);  // Sᵀ = K_j Q_iᵀ
-                    mma_m16n8k16(s[n], a_k, b[0], b[1]);
-                    mma_m16n8k16(s[n + 1], a_k, b[2], b[3]);
-                    load_b_of_transpose(b, do_i, c0 + n * 8, kk * 16);  // dPᵀ = V_j dO_iᵀ
-                    mma_m16n8k16(dp[n], a_v, b[0], b[1]);
-                    mma_m16n8k16(dp[n + 1], a_v, b[2], b[3]);
-                }
-            }
+            scores_and_their_grads(s, dp, k_s, v_s, row_w, q_i, do_i, c0);
             // keys past n_k, or past the causal diagonal of the chunk's first query, are masked
             const bool edge = k_start + BLOCK > n_k || (causal && k_start + BLOCK - 1 > q_start + c0 + offset);
             for (int n = 0; n < CHUNK_TILES; ++n)
@@ -208,23 +219,9 @@ flash_bwd_dq_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const 
         const bf16* k_j = k_s + stage * TILE;
         const bf16* v_j = v_s + stage * TILE;
 
-        // S and dP in C layout: [n][e] is query row_w + g + 8 (e / 2), key k_start + n · 8 + 2t + e % 2
+        // S = Q_i K_jᵀ and dP = dO_i V_jᵀ: [n][e] is query row_w + g + 8 (e / 2), key k_start + n · 8 + 2t + e % 2
         float s[ROW_TILES][4], dp[ROW_TILES][4];
-        for (int n = 0; n < ROW_TILES; ++n)
-            for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-        for (int kk = 0; kk < DIM_TILES / 2; ++kk) {  // 16 head-dim columns at a time
-            unsigned a_q[4], a_do[4], b[4];
-            load_a(a_q, q_s, row_w, kk * 16);
-            load_a(a_do, do_s, row_w, kk * 16);
-            for (int n = 0; n < ROW_TILES; n += 2) {
-                load_b_of_transpose(b, k_j, n * 8, kk * 16);  // S = Q_i K_jᵀ
-                mma_m16n8k16(s[n], a_q, b[0], b[1]);
-                mma_m16n8k16(s[n + 1], a_q, b[2], b[3]);
-                load_b_of_transpose(b, v_j, n * 8, kk * 16);  // dP = dO_i V_jᵀ
-                mma_m16n8k16(dp[n], a_do, b[0], b[1]);
-                mma_m16n8k16(dp[n + 1], a_do, b[2], b[3]);
-            }
-        }
+        scores_and_their_grads(s, dp, q_s, do_s, row_w, k_j, v_j, 0);
         const bool edge = k_start + BLOCK > n_k || (causal && k_start + BLOCK - 1 > q_start + offset);
         for (int n = 0; n < ROW_TILES; ++n)
             for (int e = 0; e < 4; ++e) {
