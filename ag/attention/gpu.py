@@ -46,8 +46,7 @@ MAX_HEAD_DIM = 128
 BLOCK = 64  # query rows per block and keys per tile, in every kernel
 THREADS = {"flash_fwd_f32": 256, "flash_bwd_preprocess_f32": 256, "flash_bwd_dkdv_f32": 256,
            "flash_bwd_dq_f32": 256, "flash_fwd_bf16": 128, "flash_bwd_dkdv_bf16": 128, "flash_bwd_dq_bf16": 128}
-DYNAMIC_SMEM = {"flash_fwd_f32", "flash_bwd_dkdv_f32", "flash_bwd_dq_f32", "flash_fwd_bf16", "flash_bwd_dkdv_bf16",
-                "flash_bwd_dq_bf16"}  # the kernels whose source has a <name>_smem constant
+DYNAMIC_SMEM = set(THREADS) - {"flash_bwd_preprocess_f32"}  # the kernels whose source has a <name>_smem constant
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.MULTILINE)
 MAX_GRID_Y = 65535
 _CAUSAL_MODES = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
