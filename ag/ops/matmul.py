@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -153,8 +154,11 @@ class _ProductBlocks:
 
 # A matrix product is cut into _STEPS steps of a multiple of _STEP_MIN rows (or columns): fewer
 # BLAS calls repack the other operand less often (256-row steps cost a 4096 × 1000 × 1000 product
-# 5% against one call), more let more threads share it.
-_STEPS = 4
+# 5% against one call), more let more threads share it. One step a core, 2 to 4: on 2 cores, 4
+# steps made the MLP step 3 to 4% slower than 2 (1305-1316 against 1264 ms; BENCHMARKS.md). The
+# steps depend on the machine and the shape, never on ag.set_workers: the bits stay the same for
+# any number of workers.
+_STEPS = min(4, max(2, os.cpu_count() or 2))
 _STEP_MIN = 64
 
 
