@@ -208,6 +208,28 @@ def test_optimal_matches_brute_force_on_small_heterogeneous_chains(seed):
         assert cost.peak_bytes <= budget and cost.recompute_flops == best
 
 
+def _local_peak_step_by_step(s, c, j):
+    """The optimal plan's local peak as its docstring states it, each step summed afresh."""
+    n, peak = len(s), 0
+    for k in range(c + 1, min(j, n - 1) + 1):  # forward: the input (if not kept) and the output
+        peak = max(peak, (s[k - 1] if k - 1 > c else 0) + s[k])
+    for m in range(c + 1, min(j, n - 1) + 1):  # backward: j kept, layers c+1..m-1 replayed, grads
+        peak = max(peak, (s[j] if j < n and m == j else 0) + sum(s[c + 1:m]) + s[m] + (s[m - 1] if m > 0 else 0))
+    return peak
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_local_peaks_worked_out_together_equal_each_one_step_by_step(seed):
+    from ag.remat.plans import _local_peak
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 5, 13):
+        sizes = tuple(int(x) for x in rng.integers(1, 1000, n))
+        for c in range(-1, n):
+            for j in range(c + 1, n + 1):
+                assert _local_peak(sizes, c, j) == _local_peak_step_by_step(sizes, c, j), (sizes, c, j)
+                assert _local_peak(list(sizes), c, j) == _local_peak_step_by_step(sizes, c, j)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_optimal_is_never_worse_than_sqrt_or_greedy_at_the_same_budget(seed):
     n = 40

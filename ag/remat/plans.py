@@ -133,16 +133,39 @@ def _pareto(front):
 
 def _local_peak(s: tuple[int, ...], c: int, j: int) -> int:
     """The peak over layers c+1..j beyond the bytes kept up to c, when c and j are kept
-    (j = n: nothing kept after c): predict's segment-mode terms, step by step."""
+    (j = n: nothing kept after c): predict's segment-mode terms, step by step.
+
+    ``_optimal`` asks for the same (c, j) once per Pareto entry, so the answers for every (c, j)
+    of the chain it asked about last are worked out together, O(n²) in all (``_local_peaks``)."""
+    global _last_peaks
+    if not isinstance(s, tuple):  # a list may change between calls: no reuse
+        return _local_peaks(tuple(s))[c + 1][j - c - 1]
+    sizes, peaks = _last_peaks  # one read: another thread may replace it
+    if sizes is not s:
+        peaks = _local_peaks(s)
+        _last_peaks = (s, peaks)
+    return peaks[c + 1][j - c - 1]
+
+
+_last_peaks: tuple[tuple[int, ...], list[list[int]]] = ((), [])
+
+
+def _local_peaks(s: tuple[int, ...]) -> list[list[int]]:
+    """``_local_peak(s, c, j)`` for every c in -1..n-1 and j in c+1..n, as rows[c + 1][j - c - 1].
+
+    For one c, the forward's peak over layers c+1..j and the backward's over steps c+1..j-1 grow
+    with j as running maxima; only step j itself, where j's kept output sits beside the replayed
+    layers and the grads, is new for each j."""
     n = len(s)
-    end = min(j, n - 1)
-    peak = 0
-    for k in range(c + 1, end + 1):  # forward: the input (if not kept) and the output
-        transient = s[k - 1] if k - 1 > c else 0
-        peak = max(peak, transient + s[k])
-    for m in range(c + 1, end + 1):  # backward
-        kept_here = s[j] if j < n and m == j else 0
-        replayed = sum(s[c + 1:m]) if m - 1 > c else 0
-        grads = s[m] + (s[m - 1] if m > 0 else 0)
-        peak = max(peak, kept_here + replayed + grads)
-    return peak
+    rows = []
+    for c in range(-1, n):
+        row, forward, backward, replayed = [], 0, 0, 0  # replayed: s[c+1] + ... + s[m-1]
+        for m in range(c + 1, n):
+            forward = max(forward, (s[m - 1] if m - 1 > c else 0) + s[m])
+            grads = s[m] + (s[m - 1] if m > 0 else 0)
+            row.append(max(forward, backward, s[m] + replayed + grads))  # j = m, kept
+            backward = max(backward, replayed + grads)
+            replayed += s[m]
+        row.append(max(forward, backward))  # j = n: nothing kept after c
+        rows.append(row)
+    return rows
