@@ -2,6 +2,7 @@
 fewest recomputed FLOPs under a memory budget (an exact dynamic program)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -136,20 +137,11 @@ def _local_peak(s: tuple[int, ...], c: int, j: int) -> int:
     (j = n: nothing kept after c): predict's segment-mode terms, step by step.
 
     ``_optimal`` asks for the same (c, j) once per Pareto entry, so the answers for every (c, j)
-    of the chain it asked about last are worked out together, O(n²) in all (``_local_peaks``)."""
-    global _last_peaks
-    if not isinstance(s, tuple):  # a list may change between calls: no reuse
-        return _local_peaks(tuple(s))[c + 1][j - c - 1]
-    sizes, peaks = _last_peaks  # one read: another thread may replace it
-    if sizes is not s:
-        peaks = _local_peaks(s)
-        _last_peaks = (s, peaks)
-    return peaks[c + 1][j - c - 1]
+    of a chain are worked out together, O(n²) in all, and kept for the chain asked about last."""
+    return _local_peaks(tuple(s))[c + 1][j - c - 1]
 
 
-_last_peaks: tuple[tuple[int, ...], list[list[int]]] = ((), [])
-
-
+@functools.lru_cache(maxsize=1)
 def _local_peaks(s: tuple[int, ...]) -> list[list[int]]:
     """``_local_peak(s, c, j)`` for every c in -1..n-1 and j in c+1..n, as rows[c + 1][j - c - 1].
 
