@@ -95,7 +95,7 @@ def test_a_submission_that_hangs_crashes_exits_or_floods_loses_only_those_tests(
         end = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(":"))
         lines.insert(end + 1, body)
         path.write_text("".join(lines))
-    report = course.grade(tmp_path / "s", timeout=20)  # long enough for ex1's 1.5 GFLOP lecture chain
+    report = course.grade(tmp_path / "s", timeout=10)  # ex1 passes at 4 s with two CPU hogs beside it
     by_exercise = {}
     for t in report.tests:
         by_exercise.setdefault(t.exercise.split("_")[0], []).append(t)
