@@ -356,6 +356,36 @@ def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
     assert compared >= 3
 
 
+
+def test_a_sweep_plans_the_chain_once_and_picks_what_chain_schedule_picks(graphs):
+    from ag.remat.keep import chain_plans, fitting
+    from ag.remat.sweep import budgets_between, sweep
+    graph = graphs["U-Net"][0]
+    budgets = budgets_between(graph, 4)
+    for strategy, name in (("greedy", "greedy"), ("optimal", "one-level optimal")):
+        plans = chain_plans(graph, strategy)
+        points = {p.budget_bytes: p for p in sweep(graph, budgets, planners=(name,))}
+        fitted = 0
+        for budget in budgets:
+            try:
+                direct = remat.chain_schedule(graph, strategy, budget_bytes=budget)
+            except ValueError as error:
+                with pytest.raises(ValueError, match=re.escape(str(error))):
+                    fitting(plans, budget)
+                assert budget not in points
+                continue
+            picked = fitting(plans, budget)
+            assert picked.budget_bytes == budget and picked.planner == strategy
+            assert np.array_equal(picked.R, direct.R) and np.array_equal(picked.S, direct.S)
+            assert (points[budget].predicted_peak_bytes, points[budget].recompute_flops) == \
+                (direct.predicted_peak_bytes, direct.recompute_flops)
+            fitted += 1
+        assert fitted >= 2, strategy
+        assert all(p.budget_bytes is None for p in plans)  # picking copies: the plans stay as made
+    with pytest.raises(ValueError, match="chain_plans: strategy must be 'greedy' or 'optimal', got 'sqrt'"):
+        chain_plans(graph, "sqrt")
+
+
 # ---- the budget is kept, and bad input is refused ----
 
 def test_checkmate_never_predicts_more_than_its_budget(graphs):

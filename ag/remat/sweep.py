@@ -11,7 +11,7 @@ from .checkmate import checkmate, lower_bound_bytes
 from .dtr import dynamic_graph
 from .execute import execute
 from .graph import Graph
-from .keep import chain_schedule, nemo
+from .keep import chain_plans, chain_schedule, fitting, nemo
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: flo
             except ValueError:
                 continue  # NeMo's modes need a transformer
             points.append(_measured(name, None, schedule))
+    chain = {}  # the chain planners' plans, made once and picked from at each budget
     for budget in budgets:
         for name in planners:
             if name in fixed:
@@ -67,12 +68,19 @@ def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: flo
                     continue
                 schedule = {"MILP": lambda: checkmate(graph, budget, time_limit=time_limit),
                             "LP rounding": lambda: checkmate(graph, budget, time_limit=time_limit, relax=True),
-                            "greedy": lambda: chain_schedule(graph, "greedy", budget_bytes=budget),
-                            "one-level optimal": lambda: chain_schedule(graph, "optimal", budget_bytes=budget)}[name]()
+                            "greedy": lambda: fitting(_plans(chain, graph, "greedy"), budget),
+                            "one-level optimal": lambda: fitting(_plans(chain, graph, "optimal"), budget)}[name]()
             except (ValueError, TimeoutError):
                 continue
             points.append(_measured(name, budget, schedule))
     return points
+
+
+def _plans(made: dict, graph: Graph, strategy: str) -> list:
+    """The chain planner's plans on ``graph``, made at its first budget and kept in ``made``."""
+    if strategy not in made:
+        made[strategy] = chain_plans(graph, strategy)
+    return made[strategy]
 
 
 def _measured(name: str, budget: int | None, schedule) -> Point:
