@@ -41,6 +41,7 @@ class step:
 
     def __enter__(self) -> None:
         _current.output_grad, _current.may_donate = self.output_grad, self.may_donate
+        self.output_grad = None  # held once, so that a step that hands it on (checkpoint) can free it
         _current.handed_out.clear()
 
     def __exit__(self, *exc_info) -> None:

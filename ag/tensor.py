@@ -208,13 +208,19 @@ def topological_sort(root: Tensor) -> list[Tensor]:
 def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool = False):
     """Run every recorded ``_backward`` closure from ``root`` down to the leaves."""
     seed = _seed_grad(root, grad)
-    snapshots = [] if trace else None
-    order = topological_sort(root)
     if root.grad is None:
         root.grad = seed
     else:
         root.grad += seed
     del seed  # the root's grad is freed after its step like any other
+    return backward_from_grad(root, retain_graph=retain_graph, trace=trace)
+
+
+def backward_from_grad(root: Tensor, *, retain_graph: bool = False, trace: bool = False):
+    """``backward`` from a root whose grad is in place already: ``checkpoint`` hands its output's
+    grad to the rerun block this way, so that no copy of it outlives the rerun's first step."""
+    snapshots = [] if trace else None
+    order = topological_sort(root)
     keep_graph = retain_graph or config.eager_grads
     while order:
         label = backward_step(order.pop(), keep_graph)

@@ -370,3 +370,47 @@ def test_greedy_keeps_every_output_when_the_budget_allows_it():
     budget = remat.predict(profile, range(12)).peak_bytes
     kept = remat.plan(12, "greedy", chain=profile, budget_bytes=budget)
     assert remat.predict(profile, kept).recompute_flops == 0
+
+
+# ---- the function form: remat.checkpoint ----
+
+def _tanh_block(rng, retain: bool = False):
+    """y = checkpoint(3·tanh(x @ w), x) and loss = Σ y, on 256 × 256 float64 arrays (A bytes each)."""
+    x = ag.Tensor(rng.standard_normal((256, 256)), requires_grad=True)
+    w = ag.Tensor(rng.standard_normal((256, 256)) / 16, requires_grad=True)
+    y = remat.checkpoint(lambda x: ag.tanh(x @ w) * 3.0, x)
+    if retain:
+        y.retain_grad()
+    return x, w, y, ag.sum(y)
+
+
+def test_checkpoint_backward_holds_neither_a_copy_of_its_output_grad_nor_the_rerun_output(rng):
+    """In the rerun's backward, tanh's value and its grad are all there is (2 A): the output's grad
+    became the rerun's, uncopied, and went with its first step, and the rerun's output 3·t, which
+    no step reads, went before the step (4 A when both were held). The step's peak is the rerun's
+    forward: the output's grad, x @ w, t and 3·t (4 A)."""
+    A = 256 * 256 * 8
+    x, w, y, loss = _tanh_block(rng)
+    with ag.trace.tracing() as timeline:
+        loss.backward()
+    at = {s.label: s for s in timeline}
+    assert round(at["backward mul"].allocated_bytes / A, 1) == 2.0
+    assert round(at["backward tanh"].allocated_bytes / A, 1) == 1.0  # x @ w's grad
+    assert round(timeline[-1].peak_bytes / A, 1) == 4.0
+
+
+def test_checkpoint_gradients_are_the_plain_ones_and_a_retained_output_grad_stays_intact(rng):
+    for retain in (False, True):
+        x, w, y, loss = _tanh_block(np.random.default_rng(7), retain)
+        loss.backward()
+        t = np.tanh(x.value @ w.value)
+        g = 3.0 * (1 - t * t)
+        assert np.allclose(x.grad, g @ w.value.T, rtol=1e-12) and np.allclose(w.grad, x.value.T @ g, rtol=1e-12)
+        if retain:  # not handed to the rerun, whose first step would have scaled it in place
+            assert np.array_equal(y.grad, np.ones_like(y.value))
+
+
+def test_checkpoint_of_a_block_that_returns_its_input_passes_the_grad_through(rng):
+    x = ag.Tensor(rng.standard_normal(5), requires_grad=True)
+    ag.sum(remat.checkpoint(lambda x: x, x) * 2.0).backward()
+    assert np.array_equal(x.grad, np.full(5, 2.0))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .. import handover
 from ..modes import no_grad, phase
 from ..discard import release_unneeded
 from ..errors import GraphError
-from ..tensor import Saved, Tensor, accumulate_grad, backward, make_output
+from ..tensor import Saved, Tensor, accumulate_grad, backward, backward_from_grad, make_output
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
@@ -34,8 +35,29 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         if rerun.shape != out.shape:
             raise GraphError(f"checkpoint: fn returned shape {rerun.shape} on its rerun, "
                              f"{out.shape} the first time")
-        backward(rerun, out.grad)
+        if rerun.is_leaf or not rerun.requires_grad or rerun.dtype != out.dtype:  # the general path
+            backward(rerun, out.grad)
+        else:
+            _backward_through(rerun, out)
         for t, a in zip(inputs, again):
             if a.grad is not None:
                 accumulate_grad(t, a.grad)
     return make_output(y.value, "checkpoint", inputs, _backward, saves=inputs)
+
+
+def _backward_through(rerun: Tensor, out: Tensor) -> None:
+    """Backpropagate ``out``'s grad through the rerun block, holding no more than torch's
+    checkpoint does: the rerun's output value goes if no step reads it, and ``out``'s grad becomes
+    the rerun's without a copy when nothing reads it after this step, so it is freed after the
+    rerun's first step, not kept through the whole block's backward."""
+    if rerun._needed_by == 0:
+        rerun.value = None
+    seed = out.grad if handover.can_own(out.grad) else out.grad.copy()
+    if seed is out.grad:
+        out.grad = None
+    if rerun.grad is None:
+        rerun.grad = seed
+    else:
+        rerun.grad += seed
+    del seed
+    backward_from_grad(rerun)
