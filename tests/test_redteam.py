@@ -694,7 +694,11 @@ def descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").glob("*"))
+        except OSError:  # it exited while we looked
+            continue
+        for task in tasks:
             try:
                 children = [int(c) for c in (task / "children").read_text().split()]
             except OSError:
