@@ -52,9 +52,10 @@ def _backward_through(rerun: Tensor, out: Tensor) -> None:
     rerun's first step, not kept through the whole block's backward."""
     if rerun._needed_by == 0:
         rerun.value = None
-    seed = out.grad if handover.can_own(out.grad) else out.grad.copy()
-    if seed is out.grad:
-        out.grad = None
+    if handover.can_own(out.grad):  # nothing reads it after this step: handed on, uncopied
+        seed, out.grad = out.grad, None
+    else:
+        seed = out.grad.copy()
     if rerun.grad is None:
         rerun.grad = seed
     else:
