@@ -35,7 +35,8 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         if rerun.shape != out.shape:
             raise GraphError(f"checkpoint: fn returned shape {rerun.shape} on its rerun, "
                              f"{out.shape} the first time")
-        if rerun.is_leaf or not rerun.requires_grad or rerun.dtype != out.dtype:  # the general path
+        # an input returned, nothing that needs grad, another dtype or an eager grad: the general path
+        if rerun.is_leaf or not rerun.requires_grad or rerun.dtype != out.dtype or rerun.grad is not None:
             backward(rerun, out.grad)
         else:
             _backward_through(rerun, out)
@@ -53,12 +54,7 @@ def _backward_through(rerun: Tensor, out: Tensor) -> None:
     if rerun._needed_by == 0:
         rerun.value = None
     if handover.can_own(out.grad):  # nothing reads it after this step: handed on, uncopied
-        seed, out.grad = out.grad, None
+        rerun.grad, out.grad = out.grad, None
     else:
-        seed = out.grad.copy()
-    if rerun.grad is None:
-        rerun.grad = seed
-    else:
-        rerun.grad += seed
-    del seed
+        rerun.grad = out.grad.copy()
     backward_from_grad(rerun)
