@@ -13,7 +13,8 @@
 #   sanitize.txt  benchmarks/gpu_sanitize.sh: memcheck, racecheck, synccheck
 #
 # GPU_STEPS picks the steps (default: pytest demo bench profile sanitize); GPU_<STEP>_SECONDS their
-# time limits. One step failing does not stop the others; the exit status is the number of steps that failed.
+# time limits; GPU_PLOTS the demo's plot folder (default LOGDIR/plots). pytest runs on GPU_PYTEST_WORKERS
+# processes (default 8) where pytest-xdist is installed. One step failing does not stop the others; the exit status is the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${1:-gpu-logs}
@@ -60,9 +61,11 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, log to LOGDI
 } >"$LOGDIR/env.txt" 2>&1
 cat "$LOGDIR/env.txt"
 
-step pytest "${GPU_PYTEST_SECONDS:-180}" "$PY" -m pytest -q -p no:cacheprovider -rf --maxfail=40 \
+WORKERS=()
+"$PY" -c "import xdist" 2>/dev/null && WORKERS=(-n "${GPU_PYTEST_WORKERS:-8}")
+step pytest "${GPU_PYTEST_SECONDS:-180}" "$PY" -m pytest -q -p no:cacheprovider -rf --maxfail=40 "${WORKERS[@]}" \
   tests/test_gpu_attention.py tests/test_gpu_engine.py tests/test_device_agnostic.py tests/test_kernels_compile.py
-step demo 60 "$PY" -m ag demo attention --device gpu --out "$LOGDIR/plots"
+step demo 60 "$PY" -m ag demo attention --device gpu --out "${GPU_PLOTS:-$LOGDIR/plots}"
 step bench "${GPU_BENCH_SECONDS:-120}" "$PY" benchmarks/gpu_attention.py --n ${GPU_BENCH_N:-1024 2048} \
   --json "$LOGDIR/bench.json"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
