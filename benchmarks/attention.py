@@ -21,7 +21,7 @@ The three contestants:
    the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
    the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
    Goals: flash <= 1.3 × naive and flash <= 1.2 × torch (stretch: <= 1.0), in time (flash runs
-   with its default workers, the machine's cores, BLAS at one thread each). Then (2c) one head on
+   with its default workers, the cores it may run on, BLAS at one thread each). Then (2c) one head on
    one thread at the worst forward row's N: flash, its two products alone by NumPy's BLAS and by
    torch's matmul on the same tiles, and torch SDPA; a missed torch goal names its limit from it.
 3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the

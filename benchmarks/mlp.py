@@ -224,9 +224,12 @@ def machine_lines() -> list[str]:
     import platform
 
     import torch
+    from ag.ops.threads import cores
     threads, how = numpy_blas_threads()
+    usable = cores()
     return [
-        f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs",
+        f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs"
+        + (f", {usable} of them for this process (its CPU affinity)" if usable != os.cpu_count() else ""),
         f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {numpy_blas_name()}), "
         f"torch {torch.__version__}",
         f"threads: numpy BLAS {threads} [{how}], torch.get_num_threads() {torch.get_num_threads()}",

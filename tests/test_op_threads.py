@@ -1,5 +1,7 @@
 """ag.ops.threads: a large op's blocks shared among threads give the same bits as one thread."""
 import os
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -265,3 +267,20 @@ def test_where_no_thread_may_start_the_caller_does_the_whole_op(workers, monkeyp
     threads.in_blocks(lambda a, b: seen.append((a, b, threading.get_ident())), 10, threads.MIN_PASS,
                       threads.MIN_PASS)
     assert seen == [(0, 10, threading.get_ident())]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_the_default_is_the_cores_this_process_may_run_on_not_the_machines():
+    """Under ``taskset`` or a job's cpuset os.cpu_count() still counts the whole machine: pinned to one
+    core, a process must share nothing, in large ops and in flash_attention alike."""
+    pytest.importorskip("threadpoolctl")
+    child = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "import importlib; from ag.ops import threads; from ag.attention import sharing\n"
+        "matmul = importlib.import_module('ag.ops.matmul')\n"
+        "print(os.cpu_count(), threads.cores(), threads.workers(), sharing.count(None), matmul._STEPS)\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()
+    machine, cores, op_workers, attention_workers, steps = map(int, out)
+    assert (cores, op_workers, attention_workers, steps) == (1, 1, 1, 2), f"os.cpu_count() = {machine}: {out}"
+    assert threads.cores() == len(os.sched_getaffinity(0))

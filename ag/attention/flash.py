@@ -45,7 +45,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     key/value heads (with their query groups), of all batch entries at once or of one, dealt to
     the threads in turn, each with BLAS held to one thread (threadpoolctl), so nothing
     oversubscribes (``ag.attention.sharing``). A call too small to repay starting threads
-    runs on the caller's thread. None means the machine's cores; without threadpoolctl
+    runs on the caller's thread. None means the cores this process may run on (its CPU affinity:
+    ``taskset`` or a job's cpuset count); without threadpoolctl
     (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
 

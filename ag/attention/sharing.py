@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..ops.threads import blas_threads, have_threadpoolctl
+from ..ops.threads import blas_threads, cores, have_threadpoolctl
 
 # Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
 # (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").
@@ -110,10 +109,10 @@ def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hol
 
 
 def count(workers) -> int:
-    """The threads a call may use: ``workers``, None meaning the machine's cores; 1 without
+    """The threads a call may use: ``workers``, None meaning the cores this process may run on; 1 without
     threadpoolctl, as threads without a cap on BLAS's own would oversubscribe."""
     if workers is None:
-        workers = os.cpu_count() or 1
+        workers = cores()
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"flash_attention: workers must be a positive integer or None, got {workers!r}")
     if workers > 1 and not have_threadpoolctl():

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -158,7 +157,7 @@ class _ProductBlocks:
 # steps made the MLP step 3 to 4% slower than 2 (1305-1316 against 1264 ms; BENCHMARKS.md). The
 # steps depend on the machine and the shape, never on ag.set_workers: the bits stay the same for
 # any number of workers.
-_STEPS = min(4, max(2, os.cpu_count() or 2))
+_STEPS = min(4, max(2, _threads.cores()))
 _STEP_MIN = 64
 
 

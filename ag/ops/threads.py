@@ -37,12 +37,22 @@ MIN_PRODUCT = 1 << 27  # multiply-adds of a product: (1024 × 512) @ (512 × 256
 MIN_PASS = 1 << 19  # elements of an elementwise or row-wise pass (2 MB of float32): GeLU of 2^18 took
 # 0.43 ms on two threads, 0.28 on one; of 2^19, 0.42 against 0.60
 
-_workers: int | None = None  # None: the machine's cores, when threadpoolctl can hold BLAS
+_workers: int | None = None  # None: the cores this process may run on, when threadpoolctl can hold BLAS
+
+
+def cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (``taskset``,
+    a container's or a batch job's cpuset), else all the machine's. ``os.cpu_count()`` counts the
+    machine's even then, and 16 threads on the 2 cores a job was given slow every op they share."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
 
 
 def set_workers(workers: int | None) -> int | None:
-    """The threads a large op may use: a positive int, or None for the machine's cores (1 without
-    threadpoolctl, ``pip install 'ag[fast]'``). Returns the setting it replaces."""
+    """The threads a large op may use: a positive int, or None for the cores this process may run on
+    (``cores()``; 1 without threadpoolctl, ``pip install 'ag[fast]'``). Returns the setting it replaces."""
     global _workers
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ValueError(f"set_workers: workers must be a positive integer or None, got {workers!r}")
@@ -51,8 +61,8 @@ def set_workers(workers: int | None) -> int | None:
 
 
 def workers() -> int:
-    """The threads a large op uses now: ``set_workers``'s, or the machine's cores."""
-    asked = _workers if _workers is not None else (os.cpu_count() or 1)
+    """The threads a large op uses now: ``set_workers``'s, or ``cores()``."""
+    asked = _workers if _workers is not None else cores()
     return asked if asked == 1 or have_threadpoolctl() else 1
 
 
