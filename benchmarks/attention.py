@@ -627,6 +627,15 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return [(int(q), int(k)) for q, k in (pair.split("x") for pair in text.split(","))]
 
 
+# runs per N when --repeats or --naive-repeats is not given: (up to this N, runs)
+REPEATS = ((1024, 15), (2048, 11), (4096, 7), (math.inf, 5))
+NAIVE_REPEATS = ((1024, 3), (2048, 2), (math.inf, 1))
+
+
+def runs_for(n: int, table: tuple[tuple[float, int], ...]) -> int:
+    return next(runs for up_to, runs in table if n <= up_to)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
@@ -634,8 +643,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-q", type=int, default=None, help="query rows a tile (default: ag's)")
     parser.add_argument("--block-k", type=int, default=None,
                         help="keys per tile; by default ag's (256, and 512 in a forward without a mask)")
-    parser.add_argument("--repeats", type=_ints, default=[15, 11, 7, 5], help="runs of flash and torch, per N")
-    parser.add_argument("--naive-repeats", type=_ints, default=[3, 2, 1, 1], help="runs of naive, per N")
+    parser.add_argument("--repeats", type=_ints, default=None,
+                        help="runs of flash and torch, per N (default 15 up to N = 1024, 11, 7, then 5 from 8192)")
+    parser.add_argument("--naive-repeats", type=_ints, default=None,
+                        help="runs of naive, per N (default 3 up to N = 1024, 2 at 2048, then 1)")
     parser.add_argument("--sweep-n", type=_ints, default=[2048, 4096])
     parser.add_argument("--sweep-repeats", type=_ints, default=[2, 2], help="steps of each tile size, per sweep N")
     parser.add_argument("--sweep-top", type=int, default=2)
@@ -648,6 +659,10 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.sizes, args.repeats, args.naive_repeats = [256, 512, 1024], [3] * 3, [3] * 3
         args.sweep_n, args.sweep_repeats, args.anatomy_n, args.anatomy_number = [512, 1024], [2, 2], 1024, 5
+    if args.repeats is None:
+        args.repeats = [runs_for(n, REPEATS) for n in args.sizes]
+    if args.naive_repeats is None:
+        args.naive_repeats = [runs_for(n, NAIVE_REPEATS) for n in args.sizes]
     if not args.sweep_pairs and len(args.sweep_n) != 2:
         parser.error(f"--sweep-n needs two sizes (the grid's N, then the larger N), got {args.sweep_n}")
     for name, sizes in (("repeats", args.sizes), ("naive_repeats", args.sizes), ("sweep_repeats", args.sweep_n)):

@@ -89,3 +89,15 @@ def test_the_benchmarks_name_the_cpu_by_family_and_model(tmp_path):
     assert cpu_name(str(info)) == "AMD EPYC (family 25, model 17, AVX-512)"
     info.write_text("model name\t: Intel Xeon\ncpu family\t: 6\nmodel\t\t: 85\nflags\t\t: fpu avx2\n")
     assert cpu_name(str(info)) == "Intel Xeon (family 6, model 85, no AVX-512)"
+
+
+@pytest.mark.parametrize("argv, repeats, naive", [
+    ([], [15, 11, 7, 5], [3, 2, 1, 1]),
+    (["--sizes", "4096"], [7], [1]),  # the command for a new user: it stopped at a usage error
+    (["--sizes", "512,16384", "--naive-repeats", "4,2"], [15, 5], [4, 2]),
+])
+def test_attention_runs_per_size_follow_the_sizes_given(monkeypatch, argv, repeats, naive):
+    bench = _attention_benchmark()
+    monkeypatch.setattr(sys, "argv", ["attention.py", *argv])
+    args = bench.parse_args()
+    assert (args.repeats, args.naive_repeats) == (repeats, naive)
