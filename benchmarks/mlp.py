@@ -8,6 +8,8 @@ loss = mean of the last output; one step = forward + backward into every weight 
 
 Time is the median (and the best) of ``--repeats`` steps after a warm-up, ag and torch
 taking turns in the same process, so that drift in the machine's speed hits both alike.
+The step's products are also timed alone, on NumPy's BLAS and on torch's matmul with the same
+shapes, so that a missed time goal says whether the BLAS or the rest of the step limits it.
 ``--profile`` shows where a step's time goes instead (cProfile for ag, torch.profiler).
 
 Memory is measured in a fresh subprocess per framework and dtype, the same way for both:
@@ -26,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+from typing import Callable
 
 import numpy as np
 
@@ -132,6 +135,23 @@ def check_same_result(a: AgMLP, t: TorchMLP) -> float:
     for ga, gt in zip(a.grads(), t.grads()):
         worst = max(worst, float(np.max(np.abs(ga - gt)) / max(np.max(np.abs(gt)), 1e-30)))
     return worst
+
+
+def products(x: np.ndarray, params) -> dict[str, Callable[[], object]]:
+    """The step's products alone, on NumPy's BLAS and on torch's matmul, the same shapes and layouts:
+    h @ w for each layer, then its weight's grad hᵀ @ dz and, below the first layer, dz @ wᵀ."""
+    import torch
+    h = [x] + [np.ones_like(x) for _ in params[1:]]  # values do not change a product's time
+    ws = [w for w, _ in params]
+    th, tw = [torch.from_numpy(a) for a in h], [torch.from_numpy(w) for w in ws]
+
+    def run(h, ws):
+        for i, w in enumerate(ws):
+            dz = h[i] @ w
+            h[i].T @ dz
+            if i:
+                dz @ w.T
+    return {"numpy": lambda: run(h, ws), "torch": lambda: run(th, tw)}
 
 
 # ---- memory, in a fresh subprocess per framework and dtype ----
@@ -251,15 +271,19 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 def time_row(dtype: str, args) -> list[str]:
     x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
     a, t = AgMLP(x, params), TorchMLP(x, params)
-    del x, params
     worst = check_same_result(a, t)  # also the warm-up step of each
-    times = take_turns({"ag": a.step, "torch": t.step}, args.repeats)
+    alone = products(x, params)
+    for run in alone.values():
+        run()  # warm-up
+    times = take_turns({"ag": a.step, "torch": t.step, "numpy products": alone["numpy"],
+                        "torch products": alone["torch"]}, args.repeats)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]
     return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", shown(ratio, TIME_GOAL),
             verdict(ratio, TIME_GOAL), f"{best['ag'] * 1e3:.0f}", f"{best['torch'] * 1e3:.0f}",
-            f"{best['ag'] / best['torch']:.2f}", f"{worst:.1e}"]
+            f"{best['ag'] / best['torch']:.2f}", f"{med['numpy products'] * 1e3:.1f}",
+            f"{med['torch products'] * 1e3:.1f}", f"{worst:.1e}"]
 
 
 def memory_row(dtype: str, args) -> list[str]:
@@ -290,6 +314,17 @@ def profile(dtype: str, args, steps: int = 3) -> None:
         for _ in range(steps):
             t.step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+
+
+def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float, torch_products: float) -> str:
+    """What a missed time goal is limited by, from the step's products timed alone on both BLAS."""
+    blas = f"{numpy_blas_name()}, {numpy_blas_kernels()}"
+    share = f"the step's {count} products alone take {numpy_products:.1f} ms of ag's {ag_ms:.0f} on NumPy's BLAS"
+    rest = f"{ag_ms - numpy_products:.1f} ms outside them against torch's {torch_ms - torch_products:.1f}"
+    if numpy_products > torch_products * 1.02:
+        return (f"{share} ({blas}) and {torch_products:.1f} ms on torch's matmul, "
+                f"{numpy_products / torch_products:.2f} x: the BLAS first ({rest})")
+    return f"{share}, no slower than torch's matmul ({torch_products:.1f} ms): the rest of ag's step, {rest}"
 
 
 def main() -> None:
@@ -331,7 +366,7 @@ def main() -> None:
     print_table(f"Time per step (median and best of {args.repeats} after a warm-up; "
                 f"goal: median ag/torch <= {TIME_GOAL:.2f})",
                 ["dtype", "ag ms", "torch ms", "ag/torch", "goal", "best ag ms", "best torch ms",
-                 "best ag/torch", "max rel. grad diff"], time_rows)
+                 "best ag/torch", "its products: NumPy ms", "torch ms", "max rel. grad diff"], time_rows)
     if memory_rows:
         print_table(f"Peak memory of one step (goal ag/torch <= {MEMORY_GOAL:.2f}, "
                     f"within the method's resolution of {MEMORY_RESOLUTION:.1%})",
@@ -341,8 +376,7 @@ def main() -> None:
     print()
     for row in time_rows:
         goal(f"MLP {row[0]} step time, ag / torch (median)", float(row[3]), TIME_GOAL,
-             limited_by="the products (30 a step, about 95% of it): OpenBLAS's speed against torch's "
-                        "MKL on this CPU; ReLU is shared among the cores, the bias adds and grads are not")
+             limited_by=time_limit(3 * args.layers - 1, *(float(row[i]) for i in (1, 2, 9, 10))))
     for row in memory_rows:
         goal(f"MLP {row[0]} step peak, ag / torch (RSS)", float(row[4]), MEMORY_GOAL,
              resolution=MEMORY_RESOLUTION, limited_by="the temporaries of ag's backward")

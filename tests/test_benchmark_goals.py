@@ -101,3 +101,12 @@ def test_attention_runs_per_size_follow_the_sizes_given(monkeypatch, argv, repea
     monkeypatch.setattr(sys, "argv", ["attention.py", *argv])
     args = bench.parse_args()
     assert (args.repeats, args.naive_repeats) == (repeats, naive)
+
+
+def test_a_missed_mlp_time_goal_names_the_blas_only_when_its_products_are_slower_than_torchs():
+    import mlp
+    slow_blas = mlp.time_limit(29, 19.0, 15.0, 16.2, 12.1)
+    assert "the step's 29 products alone take 16.2 ms of ag's 19 on NumPy's BLAS" in slow_blas
+    assert "1.34 x: the BLAS first (2.8 ms outside them against torch's 2.9)" in slow_blas
+    same_blas = mlp.time_limit(29, 19.0, 15.0, 12.0, 12.1)
+    assert "no slower than torch's matmul (12.1 ms): the rest of ag's step, 7.0 ms outside them" in same_blas
