@@ -268,7 +268,8 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
 
 
-def time_row(dtype: str, args) -> list[str]:
+def time_row(dtype: str, args) -> tuple[list[str], str]:
+    """The time table's row for one dtype, and what limits the step's time (``time_limit``)."""
     x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
     a, t = AgMLP(x, params), TorchMLP(x, params)
     worst = check_same_result(a, t)  # also the warm-up step of each
@@ -280,10 +281,12 @@ def time_row(dtype: str, args) -> list[str]:
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]
+    limit = time_limit(3 * args.layers - 1, *(med[name] * 1e3 for name in
+                                              ("ag", "torch", "numpy products", "torch products")))
     return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", shown(ratio, TIME_GOAL),
             verdict(ratio, TIME_GOAL), f"{best['ag'] * 1e3:.0f}", f"{best['torch'] * 1e3:.0f}",
             f"{best['ag'] / best['torch']:.2f}", f"{med['numpy products'] * 1e3:.1f}",
-            f"{med['torch products'] * 1e3:.1f}", f"{worst:.1e}"]
+            f"{med['torch products'] * 1e3:.1f}", f"{worst:.1e}"], limit
 
 
 def memory_row(dtype: str, args) -> list[str]:
@@ -356,9 +359,11 @@ def main() -> None:
         profile(dtypes[0], args)
         return
 
-    time_rows, memory_rows = [], []
+    time_rows, memory_rows, limits = [], [], []
     for dtype in dtypes:
-        time_rows.append(time_row(dtype, args))
+        row, limit = time_row(dtype, args)
+        time_rows.append(row)
+        limits.append(limit)
         gc.collect()
         if not args.no_memory:
             memory_rows.append(memory_row(dtype, args))
@@ -374,9 +379,8 @@ def main() -> None:
                      "kept after step ag / torch MB"], memory_rows)
         print(MEMORY_METHOD)
     print()
-    for row in time_rows:
-        goal(f"MLP {row[0]} step time, ag / torch (median)", float(row[3]), TIME_GOAL,
-             limited_by=time_limit(3 * args.layers - 1, *(float(row[i]) for i in (1, 2, 9, 10))))
+    for row, limit in zip(time_rows, limits):
+        goal(f"MLP {row[0]} step time, ag / torch (median)", float(row[3]), TIME_GOAL, limited_by=limit)
     for row in memory_rows:
         goal(f"MLP {row[0]} step peak, ag / torch (RSS)", float(row[4]), MEMORY_GOAL,
              resolution=MEMORY_RESOLUTION, limited_by="the temporaries of ag's backward")

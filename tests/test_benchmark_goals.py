@@ -110,3 +110,14 @@ def test_a_missed_mlp_time_goal_names_the_blas_only_when_its_products_are_slower
     assert "1.34 x: the BLAS first (2.8 ms outside them against torch's 2.9)" in slow_blas
     same_blas = mlp.time_limit(29, 19.0, 15.0, 12.0, 12.1)
     assert "no slower than torch's matmul (12.1 ms): the rest of ag's step, 7.0 ms outside them" in same_blas
+
+
+def test_the_mlp_time_rows_limit_quotes_the_products_its_row_shows(torch_or_skip):
+    """One tiny step of each: the limit's ms are the row's own columns (they were once read from the wrong ones)."""
+    import argparse
+
+    import mlp
+    row, limit = mlp.time_row("float64", argparse.Namespace(batch=64, width=32, layers=3, repeats=1))
+    numpy_ms, torch_ms = row[8], row[9]
+    assert f"the step's 8 products alone take {numpy_ms} ms of ag's {row[1]} on NumPy's BLAS" in limit
+    assert f"({torch_ms} ms)" in limit or f"and {torch_ms} ms on torch's matmul" in limit
