@@ -27,7 +27,9 @@ every parameter's. Three modes:
 
 Before timing, one step of each mode on both sides checks that out, dx and the parameter grads
 agree (max |ag - torch| / max |torch|, float32). Time: medians and bests of steps that take turns
-in one process (every mode of both frameworks, one after another). Memory: the peak of one step in
+in one process (every mode of both frameworks, one after another), with the 72 products of a step
+without recomputation alone on NumPy's BLAS and on torch's matmul taking their turns too, so that a
+missed time goal says whether the BLAS or the passes outside it limit it. Memory: the peak of one step in
 a fresh subprocess per framework and mode, as RSS growth (``_memory.py``), and for ag also as
 tracemalloc sees it (``ag.trace``).
 """
@@ -231,6 +233,46 @@ def worst_differences(steps: dict) -> dict[str, tuple[float, float, float]]:
 
 # ---- time ----
 
+def products(args) -> tuple[int, dict[str, Callable[[], object]]]:
+    """The products of a step without recomputation, alone, on NumPy's BLAS and on torch's matmul,
+    with the same shapes and layouts: per layer x W for the QKV, output, fc1 and fc2 weights and the
+    two stacks of attention products (Q Kᵀ and P V over b·a heads), each with the two products of its
+    backward (dY Wᵀ and Xᵀ dY). Returns the count and the two runs."""
+    import torch
+    s, b, h, a = args.seq, args.batch, args.hidden, args.heads
+    t, d = s * b, h // a
+    rng = np.random.default_rng(2)
+    shapes = [((t, h), (h, 3 * h)), ((t, h), (h, h)), ((t, h), (h, 4 * h)), ((t, 4 * h), (4 * h, h)),
+              ((b * a, s, d), (b * a, d, s)), ((b * a, s, s), (b * a, s, d))]
+    arrays = [(rng.standard_normal(x, dtype=np.float32), rng.standard_normal(w, dtype=np.float32),
+               rng.standard_normal(x[:-1] + w[-1:], dtype=np.float32)) for x, w in shapes]
+    tensors = [tuple(torch.from_numpy(z) for z in triple) for triple in arrays]
+
+    def run(triples, matmul, transposed):
+        for _ in range(LAYERS):
+            for x, w, dy in triples:
+                matmul(x, w)
+                matmul(dy, transposed(w))
+                matmul(transposed(x), dy)
+    return 3 * len(shapes) * LAYERS, {
+        "numpy products": lambda: run(arrays, np.matmul, lambda z: np.swapaxes(z, -1, -2)),
+        "torch products": lambda: run(tensors, torch.matmul, lambda z: z.transpose(-1, -2))}
+
+
+def time_limit(count: int, mode: str, med: dict[str, float]) -> str:
+    """What limits a mode's step time: the BLAS, where the products alone are slower on NumPy's than
+    on torch's matmul (``products``), else the passes outside them; figures in ms from ``med``."""
+    ms = {name: seconds * 1e3 for name, seconds in med.items()}
+    numpy_ms, torch_ms = ms["numpy products"], ms["torch products"]
+    rest = (f"outside them ag's step without recomputation takes {ms['ag none'] - numpy_ms:.0f} ms, "
+            f"torch's {ms['torch none'] - torch_ms:.0f}")
+    if numpy_ms > 1.02 * torch_ms:
+        return (f"NumPy's BLAS first: the {count} products of a step without recomputation take {numpy_ms:.0f} ms "
+                f"alone on NumPy's BLAS against {torch_ms:.0f} on torch's matmul ({numpy_ms / torch_ms:.2f} x), "
+                f"the same shapes; {rest}" + ("" if mode == "none" else f"; {mode} reruns some of them"))
+    return (f"the passes outside the products ({rest}; the {count} products alone take {numpy_ms:.0f} ms on "
+            f"NumPy's BLAS, {torch_ms:.0f} on torch's matmul): {LIMITS['time']}")
+
 
 def time_table(times: dict[str, list[float]]) -> list[list[str]]:
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -381,7 +423,7 @@ def parse_args() -> argparse.Namespace:
 
 GOAL = 1.10  # issue 14: ag / torch, in time and in peak memory, in every mode
 LIMITS = {
-    "time": ("the passes ag still runs on one core (layer norm, dropout, the residual adds, the bias grads, "
+    "time": ("ag still runs some passes on one core (layer norm, dropout, the residual adds, the bias grads, "
              "the head copies): the products, softmax and GeLU are shared among the cores "
              "(ag.set_workers), the rest not; torch runs every pass on both (BENCHMARKS.md)"),
     "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
@@ -432,7 +474,10 @@ def main() -> None:
             step()
         print(f"dropout {args.dropout}: the masks of the two frameworks differ, no agreement check")
     took["check"], start = time.perf_counter() - start, time.perf_counter()
-    times = take_turns(steps, args.repeats)
+    count, alone = products(args)
+    for run in alone.values():
+        run()  # warm-up
+    times = take_turns({**steps, **alone}, args.repeats)
     took["time"], start = time.perf_counter() - start, time.perf_counter()
     del steps
     gc.collect()
@@ -447,10 +492,13 @@ def main() -> None:
                      "ag saved", "torch saved", "kept after step ag / torch MB"], memory_rows)
         print(MEMORY_METHOD)
         took["memory"] = time.perf_counter() - start
-    print()
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"\nThe {count} products of a step without recomputation, alone (median ms, the same shapes and layouts): "
+          f"NumPy's BLAS {med['numpy products'] * 1e3:.0f}, torch's matmul {med['torch products'] * 1e3:.0f}, "
+          f"ratio {med['numpy products'] / med['torch products']:.2f}\n")
     for row in time_rows:
         goal(f"transformer step time, {row[0]}, ag / torch (median)", float(row[4]), GOAL,
-             limited_by=LIMITS["time"])
+             limited_by=time_limit(count, row[0], med))
     for row in memory_rows:
         goal(f"transformer step peak, {row[0]}, ag / torch (RSS)", float(row[4]), GOAL,
              limited_by=LIMITS[f"memory {row[0]}"])

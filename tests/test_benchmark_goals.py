@@ -121,3 +121,14 @@ def test_the_mlp_time_rows_limit_quotes_the_products_its_row_shows(torch_or_skip
     numpy_ms, torch_ms = row[8], row[9]
     assert f"the step's 8 products alone take {numpy_ms} ms of ag's {row[1]} on NumPy's BLAS" in limit
     assert f"({torch_ms} ms)" in limit or f"and {torch_ms} ms on torch's matmul" in limit
+
+
+def test_a_missed_transformer_time_goal_names_the_blas_only_when_the_products_alone_are_slower():
+    import transformer
+    med = {"ag none": 1.656, "torch none": 1.199, "numpy products": 1.30, "torch products": 0.95}
+    text = transformer.time_limit(72, "full", med)
+    assert text.startswith("NumPy's BLAS first: the 72 products of a step without recomputation take 1300 ms")
+    assert "against 950 on torch's matmul (1.37 x)" in text and "ag's step without recomputation takes 356 ms" in text
+    assert text.endswith("full reruns some of them")
+    text = transformer.time_limit(72, "none", dict(med, **{"numpy products": 0.94}))
+    assert text.startswith("the passes outside the products (outside them ag's step without recomputation takes 716 ms")
