@@ -22,8 +22,9 @@ The three contestants:
    the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
    Goals: flash <= 1.3 × naive and flash <= 1.2 × torch (stretch: <= 1.0), in time (flash runs
    with its default workers, the cores it may run on, BLAS at one thread each). Then (2c) one head on
-   one thread at the worst forward row's N: flash, its two products alone by NumPy's BLAS and by
-   torch's matmul on the same tiles, and torch SDPA; a missed torch goal names its limit from it.
+   one thread at the worst forward row's N, forward and step: flash, its products alone by NumPy's
+   BLAS and by torch's matmul on the same tiles, and torch SDPA; a missed torch goal names its
+   limit from it.
 3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the
    growth of the resident set in a fresh subprocess (``_memory.py``). Goal: flash <= naive / 10.
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
@@ -33,6 +34,7 @@ The three contestants:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -309,7 +311,7 @@ def time_tables(args, blocks: dict) -> None:
     n = int(max(forward_rows, key=lambda r: float(r[10]))[0])  # the worst forward row's N
     head = one_head(n, blocks, HEAD_REPEATS)
     print_one_head(n, head)
-    print_time_goals(forward_rows, step_rows, torch_limit(n, head))
+    print_time_goals(forward_rows, step_rows, (torch_limit(n, head), torch_limit(n, head, step=True)))
 
 
 def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None:
@@ -322,33 +324,54 @@ def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None
 
 
 def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of one head's non-causal forward at N = ``n`` on one thread (NumPy's BLAS and
-    torch both held to one): ag's flash; its two products alone, QKᵀ and PV on the same tiles, by
-    NumPy's BLAS and by torch's matmul; and torch SDPA. Whatever flash spends beyond its products
-    is the work outside BLAS: the passes over each tile, the per-row ops and the Python."""
+    """Median seconds of one head's non-causal forward, and of its step (forward + backward), at
+    N = ``n`` on one thread (NumPy's BLAS and torch both held to one): ag's flash; its products
+    alone on the same tiles, by NumPy's BLAS and by torch's matmul (the forward's QKᵀ and PV; the
+    backward's QKᵀ, dO Vᵀ, Pᵀ dO, dSᵀ Q and dS K); and torch SDPA. Whatever flash spends beyond its
+    products is the work outside BLAS: the passes over each tile, the per-row ops and the Python.
+    Keys: "flash", "numpy products", "torch products", "torch", and each with " step"."""
     import torch
     from threadpoolctl import threadpool_limits
-    q, k, v = (x[:, :1] for x in make_inputs(n)[:3])  # (1, 1, n, d): one head
-    block_q = blocks["block_q"] or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED
-    block_k = blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED
-    shape = (min(block_q, n), min(block_k, n))
+    inputs = tuple(x[:, :1] for x in make_inputs(n))  # (1, 1, n, d): one head
+    q, k, v = inputs[:3]
+    forward_tiles = (blocks["block_q"] or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
+                     blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED)
+    backward_tiles = (blocks["block_q"] or attention.DEFAULT_BLOCK_Q, blocks["block_k"] or attention.DEFAULT_BLOCK_K)
 
-    def products(matmul: Callable, q2, k2, v2, scores) -> Callable[[], None]:
-        """S = Q_i K_jᵀ into one buffer, then S V_j, on every tile, with ``matmul`` (NumPy's or torch's)."""
+    def pairs(tiles):
+        (bq, bk) = tiles
+        return [(slice(i, i + bq), slice(j, j + bk)) for i in range(0, n, bq) for j in range(0, n, bk)]
+
+    def products(lib, backward: bool) -> Callable[[], None]:
+        """The forward's products on every tile (S = Q_i K_jᵀ into one buffer, then S V_j), and with
+        ``backward`` then the backward's five on its tiles, by ``lib`` (NumPy or torch)."""
+        matmul = lib.matmul
+        q2, k2, v2, do = (lib.from_numpy(a) if lib is not np else a
+                          for a in (np.ascontiguousarray(x[0, 0]) for x in inputs))
+        buffers = {t: lib.empty((min(t[0], n), min(t[1], n)), dtype=lib.float32) for t in {forward_tiles, backward_tiles}}
+
         def run() -> None:
-            for i in range(0, n, block_q):
-                for j in range(0, n, block_k):
-                    s = scores[:min(block_q, n - i), :min(block_k, n - j)]
-                    matmul(matmul(q2[i:i + block_q], k2[j:j + block_k].T, out=s), v2[j:j + block_k])
+            s = buffers[forward_tiles]
+            for i, j in pairs(forward_tiles):
+                s_ij = matmul(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
+                matmul(s_ij, v2[j])
+            if backward:
+                s = buffers[backward_tiles]
+                for i, j in pairs(backward_tiles):
+                    s_ij = matmul(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
+                    dp = matmul(do[i], v2[j].T)
+                    matmul(s_ij.T, do[i]), matmul(dp.T, q2[i]), matmul(dp, k2[j])
         return run
 
-    arrays = [np.ascontiguousarray(x[0, 0]) for x in (q, k, v)]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     tq4, tk4, tv4 = (torch.from_numpy(x) for x in (q, k, v))
+    ag_step = AgAttention(functools.partial(flash_attention, workers=1), inputs, False, **blocks)
+    torch_step = TorchAttention(inputs, False)
     calls = {"flash": lambda: flash_attention(q, k, v, **blocks, workers=1),
-             "numpy products": products(np.matmul, *arrays, np.empty(shape, np.float32)),
-             "torch products": products(torch.matmul, *map(torch.from_numpy, arrays), torch.empty(shape)),
-             "torch": lambda: sdpa(tq4, tk4, tv4)}
+             "numpy products": products(np, False), "torch products": products(torch, False),
+             "torch": lambda: sdpa(tq4, tk4, tv4),
+             "flash step": ag_step.step, "numpy products step": products(np, True),
+             "torch products step": products(torch, True), "torch step": torch_step.step}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -360,19 +383,22 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
 
 
 def print_one_head(n: int, head: dict[str, float]) -> None:
-    ms = {name: f"{t * 1e3:.2f}" for name, t in head.items()}
-    print_table(f"2c. One head on one thread, non-causal forward at N = {n} (the worst forward row's N): median ms "
+    rows = []
+    for what, key in (("forward", ""), ("forward + backward", " step")):
+        ms = {name: head[name + key] * 1e3 for name in ("flash", "numpy products", "torch products", "torch")}
+        rows.append([what, f"{ms['flash']:.2f}", f"{ms['numpy products']:.2f}", f"{ms['torch products']:.2f}",
+                     f"{ms['flash'] - ms['numpy products']:.2f}", f"{ms['torch']:.2f}", f"{ms['flash'] / ms['torch']:.2f}"])
+    print_table(f"2c. One head on one thread, non-causal at N = {n} (the worst forward row's N): median ms "
                 f"of {HEAD_REPEATS} runs",
-                ["flash", "its two products (NumPy's BLAS)", "the same products (torch matmul)",
-                 "flash beyond its products", "torch SDPA", "flash / torch SDPA"],
-                [[ms["flash"], ms["numpy products"], ms["torch products"],
-                  f"{(head['flash'] - head['numpy products']) * 1e3:.2f}", ms["torch"],
-                  f"{head['flash'] / head['torch']:.2f}"]])
+                ["pass", "flash", "its products (NumPy's BLAS)", "the same products (torch matmul)",
+                 "flash beyond its products", "torch SDPA", "flash / torch SDPA"], rows)
 
 
-def print_time_goals(forward_rows: list, step_rows: list, torch_limited_by: str) -> None:
+def print_time_goals(forward_rows: list, step_rows: list, torch_limits: tuple[str, str]) -> None:
+    """The goal lines; ``torch_limits``: what limits the forward's and the step's flash / torch SDPA."""
     print()
-    for what, rows in (("forward", forward_rows), ("forward + backward", step_rows)):
+    for what, rows, torch_limited_by in (("forward", forward_rows, torch_limits[0]),
+                                         ("forward + backward", step_rows, torch_limits[1])):
         for column, peer, limit, limited_by in ((8, "naive", NAIVE_GOAL, "the exp and max passes over each tile"),
                                                 (10, "torch SDPA", TORCH_GOAL, torch_limited_by)):
             worst = max(rows, key=lambda r: float(r[column]))
@@ -383,21 +409,28 @@ def print_time_goals(forward_rows: list, step_rows: list, torch_limited_by: str)
              float(worst[10]), TORCH_STRETCH_GOAL, limited_by=torch_limited_by)
 
 
-def torch_limit(n: int, head: dict[str, float]) -> str:
-    """What limits flash against torch SDPA, from the one-head measurement (table 2c) and the BLAS
-    kernels this run had: the products where NumPy's BLAS is slower than torch's matmul on the
-    same tiles, else what flash does beyond its products."""
+def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
+    """What limits flash against torch SDPA, in the forward or (``step``) forward + backward, from the
+    one-head measurement (table 2c) and the BLAS kernels this run had: the products where NumPy's
+    BLAS is slower than torch's matmul on the same tiles, else what flash does beyond its products."""
     from mlp import numpy_blas_kernels
-    flash, products, torch_products, sdpa = (head[x] for x in ("flash", "numpy products", "torch products", "torch"))
+    key = " step" if step else ""
+    flash, products, torch_products, sdpa = (head[x + key] for x in ("flash", "numpy products", "torch products",
+                                                                     "torch"))
     blas = products / torch_products
     beyond = flash - products
-    limit = (f"one head on one thread (2c, N = {n}): flash {flash * 1e3:.2f} ms against torch SDPA's "
-             f"{sdpa * 1e3:.2f}; its two products (QK^T and PV, sgemm with K = d = 64 or with N = d) take "
+    which = ("its seven products a tile (the forward's QK^T and PV; the backward's QK^T, dO V^T, P^T dO, dS^T Q "
+             "and dS K, each with K, N or M = d = 64)" if step else
+             "its two products (QK^T and PV, sgemm with K = d = 64 or with N = d)")
+    passes = ("the backward's passes over each tile (exp of S - L, dP - D, the products with P), the adds "
+              "into dK, dV and dQ" if step else
+              "the exp pass over each tile (exp2 where the scores are bounded; with the default fixed shift, "
+              "no max or subtract pass) and its row sum")
+    limit = (f"one head on one thread (2c, N = {n}{', forward + backward' if step else ''}): flash "
+             f"{flash * 1e3:.2f} ms against torch SDPA's {sdpa * 1e3:.2f}; {which} take "
              f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
-             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): the exp pass over each "
-             "tile (exp2 where the scores are bounded; with the default fixed shift, no max or subtract pass) "
-             "and its row sum, which no NumPy call fuses with the products, the per-row ops and the Python "
-             "between calls. ")
+             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): {passes}, which no NumPy "
+             "call fuses with the products, the per-row ops and the Python between calls. ")
     if blas > BLAS_PARITY:
         limit += "NumPy's BLAS is the first limit here. "
     else:
