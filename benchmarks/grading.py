@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag.course import EXERCISES, REPO  # noqa: E402
 from ag.course.batch import grade_class  # noqa: E402
-from mlp import cpu_name  # noqa: E402
+from ag.ops.threads import cores  # noqa: E402
+from mlp import cpu_line  # noqa: E402
 
 CLASS = 300
 GOAL_SECONDS = 15 * 60
@@ -64,12 +65,12 @@ def time_by_exercise(reports) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--students", type=int, default=CLASS, help=f"class size K (default {CLASS})")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="students at once (default: cores)")
+    parser.add_argument("--jobs", type=int, default=cores(), help="students at once (default: the cores it may use)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
     args = parser.parse_args()
 
     print(f"Grading a class of {args.students} copies of solutions/, {args.jobs} at a time")
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs")
+    print(cpu_line())
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="ag-class-") as temp:
         folder = make_class(Path(temp) / "class", args.students)

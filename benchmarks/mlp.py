@@ -240,16 +240,21 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {avx512})"
 
 
+def cpu_line() -> str:
+    """The CPU, its logical CPUs, and how many of them this process may use where that is fewer."""
+    from ag.ops.threads import cores
+    usable = cores()
+    return (f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs"
+            + (f", {usable} of them for this process (its CPU affinity)" if usable != os.cpu_count() else ""))
+
+
 def machine_lines() -> list[str]:
     import platform
 
     import torch
-    from ag.ops.threads import cores
     threads, how = numpy_blas_threads()
-    usable = cores()
     return [
-        f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs"
-        + (f", {usable} of them for this process (its CPU affinity)" if usable != os.cpu_count() else ""),
+        cpu_line(),
         f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {numpy_blas_name()}), "
         f"torch {torch.__version__}",
         f"threads: numpy BLAS {threads} [{how}], torch.get_num_threads() {torch.get_num_threads()}",
