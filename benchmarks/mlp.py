@@ -137,21 +137,32 @@ def check_same_result(a: AgMLP, t: TorchMLP) -> float:
     return worst
 
 
-def products(x: np.ndarray, params) -> dict[str, Callable[[], object]]:
-    """The step's products alone, on NumPy's BLAS and on torch's matmul, the same shapes and layouts:
-    h @ w for each layer, then its weight's grad hᵀ @ dz and, below the first layer, dz @ wᵀ."""
+def products_alone(triples: list[tuple[np.ndarray, np.ndarray, np.ndarray]], times: int = 1,
+                   no_input_grad: frozenset[int] = frozenset()) -> dict[str, Callable[[], object]]:
+    """Products of linear maps alone, on NumPy's BLAS ("numpy products") and on torch's matmul ("torch
+    products"), the same arrays and layouts: for each (x, w, dy), x w, then dy wᵀ (the input's grad,
+    unless its index is in ``no_input_grad``) and xᵀ dy (the weight's grad); all of it ``times`` over.
+    Stacks of matrices work too (w and dy transposed in their last two axes)."""
     import torch
-    h = [x] + [np.ones_like(x) for _ in params[1:]]  # values do not change a product's time
-    ws = [w for w, _ in params]
-    th, tw = [torch.from_numpy(a) for a in h], [torch.from_numpy(w) for w in ws]
+    tensors = [tuple(torch.from_numpy(a) for a in triple) for triple in triples]
 
-    def run(h, ws):
-        for i, w in enumerate(ws):
-            dz = h[i] @ w
-            h[i].T @ dz
-            if i:
-                dz @ w.T
-    return {"numpy": lambda: run(h, ws), "torch": lambda: run(th, tw)}
+    def run(triples, matmul, transposed):
+        for _ in range(times):
+            for i, (x, w, dy) in enumerate(triples):
+                matmul(x, w)
+                if i not in no_input_grad:
+                    matmul(dy, transposed(w))
+                matmul(transposed(x), dy)
+    return {"numpy products": lambda: run(triples, np.matmul, lambda z: np.swapaxes(z, -1, -2)),
+            "torch products": lambda: run(tensors, torch.matmul, lambda z: z.transpose(-1, -2))}
+
+
+def products(x: np.ndarray, params) -> dict[str, Callable[[], object]]:
+    """The step's products alone (``products_alone``): per layer h w, hᵀ dz and, above the first
+    layer (x needs no grad), dz wᵀ; values do not change a product's time, so h and dz are ones."""
+    ones = np.ones_like(x)
+    return products_alone([(x if i == 0 else ones, w, ones) for i, (w, _) in enumerate(params)],
+                          no_input_grad=frozenset({0}))
 
 
 # ---- memory, in a fresh subprocess per framework and dtype ----
@@ -281,8 +292,7 @@ def time_row(dtype: str, args) -> tuple[list[str], str]:
     alone = products(x, params)
     for run in alone.values():
         run()  # warm-up
-    times = take_turns({"ag": a.step, "torch": t.step, "numpy products": alone["numpy"],
-                        "torch products": alone["torch"]}, args.repeats)
+    times = take_turns({"ag": a.step, "torch": t.step, **alone}, args.repeats)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]

@@ -53,7 +53,7 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_worker  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown  # noqa: E402
-from mlp import machine_lines, print_table  # noqa: E402
+from mlp import machine_lines, print_table, products_alone  # noqa: E402
 
 MB = 10**6
 LAYERS = 4
@@ -238,25 +238,14 @@ def products(args) -> tuple[int, dict[str, Callable[[], object]]]:
     with the same shapes and layouts: per layer x W for the QKV, output, fc1 and fc2 weights and the
     two stacks of attention products (Q Kᵀ and P V over b·a heads), each with the two products of its
     backward (dY Wᵀ and Xᵀ dY). Returns the count and the two runs."""
-    import torch
     s, b, h, a = args.seq, args.batch, args.hidden, args.heads
     t, d = s * b, h // a
     rng = np.random.default_rng(2)
     shapes = [((t, h), (h, 3 * h)), ((t, h), (h, h)), ((t, h), (h, 4 * h)), ((t, 4 * h), (4 * h, h)),
               ((b * a, s, d), (b * a, d, s)), ((b * a, s, s), (b * a, s, d))]
-    arrays = [(rng.standard_normal(x, dtype=np.float32), rng.standard_normal(w, dtype=np.float32),
-               rng.standard_normal(x[:-1] + w[-1:], dtype=np.float32)) for x, w in shapes]
-    tensors = [tuple(torch.from_numpy(z) for z in triple) for triple in arrays]
-
-    def run(triples, matmul, transposed):
-        for _ in range(LAYERS):
-            for x, w, dy in triples:
-                matmul(x, w)
-                matmul(dy, transposed(w))
-                matmul(transposed(x), dy)
-    return 3 * len(shapes) * LAYERS, {
-        "numpy products": lambda: run(arrays, np.matmul, lambda z: np.swapaxes(z, -1, -2)),
-        "torch products": lambda: run(tensors, torch.matmul, lambda z: z.transpose(-1, -2))}
+    triples = [(rng.standard_normal(x, dtype=np.float32), rng.standard_normal(w, dtype=np.float32),
+                rng.standard_normal(x[:-1] + w[-1:], dtype=np.float32)) for x, w in shapes]
+    return 3 * len(shapes) * LAYERS, products_alone(triples, times=LAYERS)
 
 
 def time_limit(count: int, mode: str, med: dict[str, float]) -> str:
