@@ -422,8 +422,8 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
     which = ("its seven products a tile (the forward's QK^T and PV; the backward's QK^T, dO V^T, P^T dO, dS^T Q "
              "and dS K, each with K, N or M = d = 64)" if step else
              "its two products (QK^T and PV, sgemm with K = d = 64 or with N = d)")
-    passes = ("the backward's passes over each tile (exp of S - L, dP - D, the products with P), the adds "
-              "into dK, dV and dQ" if step else
+    passes = ("the forward's exp pass and the backward's over each tile (P = exp(S - L), dS = P * (dP - D)), "
+              "the adds into dK, dV and dQ" if step else
               "the exp pass over each tile (exp2 where the scores are bounded; with the default fixed shift, "
               "no max or subtract pass) and its row sum")
     limit = (f"one head on one thread (2c, N = {n}{', forward + backward' if step else ''}): flash "
