@@ -506,7 +506,7 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
     monkeypatch.setattr(attention.Tiles, "_score_tile", spy)
     for name in ("fixed_shift_forward", "tiled_backward"):
         monkeypatch.setattr(flash, name, looped(name))
-    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys; two runs of one k/v head
+    q, k, v = qkv(70, 90, 8, 8, 4)  # edge tiles of 6 rows and 26 keys; two runs of two k/v heads
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
     assert allocated == [(threading.get_ident(), None)] * 2  # one buffer per thread, before the loops
@@ -517,6 +517,53 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
     assert [p for _, p in backward] == ["tiled_backward"] * 2 == [p for _, p in looping[2:]]
     assert threading.get_ident() not in {t for t, _ in backward}
     assert all(t._scores is None for t in used) and len({id(t) for t in used}) == 4
+
+
+def test_a_backward_of_one_head_deals_its_query_tiles_to_groups_each_adding_into_its_own_dk_and_dv():
+    from ag.attention.sharing import BACKWARD_RUNS, Run, plan_backward
+    tiles = [(a, a + 32) for a in range(0, 256, 32)]
+    runs, groups = plan_backward((1,), 1, 1024, 2, tiles)
+    assert groups == BACKWARD_RUNS == 4 and [r.into for r in runs] == [0, 1, 2, 3]
+    assert [r.tiles for r in runs] == [(tiles[g], tiles[7 - g]) for g in range(4)]  # 9 key tiles each, causal
+    assert plan_backward((1,), 1, 1024, 1, tiles) == (runs, 4)  # the groups do not follow the workers
+    assert plan_backward((1,), 2, 1024, 2, tiles)[1] == 2  # two heads: two groups each
+    assert plan_backward((1,), 1, 1024, 2, tiles[:3])[1] == 3  # never more groups than tiles
+    for few in ((1,), 4, 1024, 2, tiles), ((2,), 2, 1024, 2, tiles), ((1,), 1, 1024, 2, tiles[:1]), ((0,), 1, 1024, 2, tiles):
+        assert plan_backward(*few) == (plan_runs_of(*few[:4]), 1)
+
+
+def plan_runs_of(*args):
+    from ag.attention.sharing import plan_runs
+    return plan_runs(*args)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_backward_of_one_head_on_two_threads_allocates_its_buffers_there_and_frees_them(monkeypatch, causal, threads_at_any_size):
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention
+    allocated, used = [], []
+    score_tile = attention.Tiles._score_tile
+
+    def spy(self, shape, dtype):
+        before = self._scores
+        s = score_tile(self, shape, dtype)
+        if self._scores is not before:
+            allocated.append(threading.get_ident())
+        used.append(self)
+        return s
+    q, k, v = qkv(200, 200, 8, 2, 1)
+    tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+    out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
+    monkeypatch.setattr(attention.Tiles, "_score_tile", spy)
+    ag.sum(out * out).backward()
+    assert len(allocated) == 2 and threading.get_ident() not in allocated  # one buffer a thread, on it
+    threads_tiles = [t for t in used if t.heads.n_q == 200]  # not a tile's rows alone (Tiles.for_rows)
+    assert len({id(t) for t in threads_tiles}) == 2 and all(t._scores is None for t in threads_tiles)
+    expected = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+    naive = naive_attention(*expected, causal=causal)
+    ag.sum(naive * naive).backward()
+    for got, want in zip(tensors, expected):
+        np.testing.assert_allclose(got.grad, want.grad, rtol=1e-9, atol=1e-9)
 
 
 def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():
@@ -534,6 +581,66 @@ def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():
     assert plan_runs((2, 3), 2, tile, 2) == [Run((i, j), a, a + 1) for i in range(2) for j in range(3) for a in (0, 1)]
     assert plan_runs((), 3, 10 * tile, 4) == [Run(None, a, a + 1) for a in range(3)]  # never less than a head
     assert plan_runs((0,), 2, tile, 2) == [Run(None, 0, 1), Run(None, 1, 2)]  # an empty batch
+
+
+def test_a_forwards_runs_are_cut_by_query_tile_only_where_the_heads_leave_a_worker_idle():
+    from ag.attention.sharing import SCORE_TILE_BYTES, Run, plan_runs
+    tiles = [(0, 32), (32, 64), (64, 96), (96, 100)]
+    # one head, two workers: one run a query tile, the last first, every other round of two backwards
+    assert plan_runs((1,), 1, SCORE_TILE_BYTES, 2, tiles) == [Run(None, 0, 1, tiles[t]) for t in (3, 2, 0, 1)]
+    # one head of each of two batch entries, three workers: each run cut the same way
+    cut = plan_runs((2,), 1, SCORE_TILE_BYTES, 3, tiles)
+    assert cut == [Run((b,), 0, 1, tiles[t]) for b in (0, 1) for t in (3, 2, 1, 0)]
+    # heads enough for every worker, or a single query tile: runs of heads, as without query_tiles
+    assert plan_runs((1,), 8, SCORE_TILE_BYTES, 2, tiles) == plan_runs((1,), 8, SCORE_TILE_BYTES, 2)
+    assert plan_runs((1,), 1, SCORE_TILE_BYTES, 2, tiles[:1]) == [Run(None, 0, 1)]
+    assert plan_runs((0,), 1, SCORE_TILE_BYTES, 2, tiles) == [Run(None, 0, 1)]  # an empty batch
+
+
+@pytest.mark.parametrize("tiles", [8, 9, 16, 33])
+def test_query_tiles_dealt_to_two_threads_give_each_the_same_causal_work_to_within_a_tile(tiles):
+    from ag.attention.sharing import Run, by_query_tile
+    runs = by_query_tile([Run(None, 0, 1)], [(t, t + 1) for t in range(tiles)], workers=2)
+    work = [sum(r.rows[1] for r in runs[i::2]) for i in (0, 1)]  # tile t sees t + 1 key tiles
+    assert sorted(r.rows for r in runs) == [(t, t + 1) for t in range(tiles)]
+    assert abs(work[0] - work[1]) <= 2 and (tiles % 4 or work[0] == work[1])
+    dealt_in_order = [sum(t + 1 for t in range(i, tiles, 2)) for i in (0, 1)]  # 4 to 17 apart
+    assert abs(dealt_in_order[0] - dealt_in_order[1]) >= 4
+
+
+def test_a_run_of_query_rows_is_the_view_of_its_rows_in_q_o_and_l_and_not_in_k():
+    from ag.attention.sharing import Run
+    x = np.arange(2 * 4 * 10 * 3).reshape(2, 4, 10, 3)
+    run = Run((1,), 1, 2, rows=(4, 7))
+    np.testing.assert_array_equal(run.part(x, 2, queries=True), x[1, 2:4, 4:7])
+    np.testing.assert_array_equal(run.part(x[..., 0], 2, axis=-2, queries=True), x[1, 2:4, 4:7, 0])
+    np.testing.assert_array_equal(run.part(x), x[1, 1:2])
+    assert np.shares_memory(run.part(x, 2, queries=True), x)
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("batch, h, h_kv, n_q, n_k", [((1,), 1, 1, 100, 100), ((1,), 4, 1, 70, 130), ((), 2, 2, 130, 70)])
+def test_one_head_shares_its_forward_among_threads_by_query_tile_and_the_bits_do_not_change(
+        monkeypatch, causal, batch, h, h_kv, n_q, n_k, threads_at_any_size):
+    """Work is split over (batch, head, query tile): a call with fewer k/v heads than workers
+    (one head, multi-query attention) is cut by query tile, not left on one thread."""
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag import attention
+    workers = h_kv + 1  # more than the heads make runs
+    threads, forward, all_started = set(), attention.fixed_shift_forward, threading.Barrier(workers, timeout=10)
+
+    def spy(*args, **kwargs):
+        if threading.get_ident() not in threads:
+            threads.add(threading.get_ident())
+            all_started.wait()  # or the first threads could take every run before the last starts
+        return forward(*args, **kwargs)
+    q, k, v = qkv(n_q, n_k, 8, h, h_kv, dtype=np.float32, batch=batch)
+    alone = flash_attention(q, k, v, causal=causal, workers=1, block_q=32, block_k=48, return_lse=True)
+    monkeypatch.setattr(flash, "fixed_shift_forward", spy)
+    shared = flash_attention(q, k, v, causal=causal, workers=workers, block_q=32, block_k=48, return_lse=True)
+    assert len(threads) == workers
+    assert all(np.array_equal(a, b) for a, b in zip(alone, shared))
+    np.testing.assert_allclose(shared[0], naive_attention(q, k, v, causal=causal), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -625,4 +732,5 @@ def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypa
     for _, values, tiles, q_i, k_j, q_start, k_start in handed_out:
         expected = q_i @ np.swapaxes(k_j, -1, -2)
         rows, cols = np.arange(expected.shape[-2]) + q_start, np.arange(expected.shape[-1]) + k_start
-        np.testing.assert_array_equal(values, np.where(cols[None, :] > rows[:, None], -np.inf, expected))
+        hidden = cols[None, :] > rows[:, None] + tiles.offset  # a tile's rows alone start at their offset
+        np.testing.assert_array_equal(values, np.where(hidden, -np.inf, expected))

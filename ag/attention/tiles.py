@@ -132,10 +132,10 @@ class Tiles:
 
     def for_rows(self, q_start: int, q_stop: int) -> Tiles:
         """The tiles of query rows q_start..q_stop-1 alone, as a call of their own: their query 0 is
-        row q_start, which sees as far as it did. They share this call's S buffer."""
+        row q_start, which sees as far as it did. They share this call's S buffer, masks and ones."""
         rows = Tiles(replace(self.heads, n_q=q_stop - q_start), self.causal, self.scale, self.block_q,
                      self.block_k, offset=self.offset + q_start)
-        rows._scores = self._scores
+        rows._scores, rows._masks, rows._ones = self._scores, self._masks, self._ones
         return rows
 
     def count_products(self, per_tile: int, cut: bool = False) -> None:
@@ -162,10 +162,11 @@ class Tiles:
         """The causal mask of one tile as a (rows, cols) bound for ``np.fmin``: NaN where the query
         sees the key, -inf where it does not. fmin takes the operand that is not NaN, so fmin(s, NaN)
         is s (a NaN score stays NaN) and fmin(s, -inf) is -inf (a NaN score too), at the cost of one
-        add. None when every query of the tile sees every key of it. Tiles on a diagonal share one."""
+        add. None when every query of the tile sees every key of it. Tiles on a diagonal share one
+        (of any ``for_rows``: the key is where the diagonal crosses the tile)."""
         if not self.masked(q_start, k_start, cols):
             return None
-        key = (k_start - q_start, rows, cols, np.dtype(dtype))
+        key = (k_start - q_start - self.offset, rows, cols, np.dtype(dtype))
         if key not in self._masks:
             keys, queries = np.arange(k_start, k_start + cols), np.arange(q_start, q_start + rows)
             visible = keys[None, :] <= queries[:, None] + self.offset
