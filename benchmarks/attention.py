@@ -3,6 +3,7 @@
     python benchmarks/attention.py           # B=1, H=8, d=64, N = 1024..8192, float32: about 6 min on 2 cores
     python benchmarks/attention.py --quick   # N = 256..1024, sweep at 512 and 1024: about 35 s
     python benchmarks/attention.py --block-q 256 --block-k 256 --skip sweep,memory   # other tiles than ag's defaults
+    python benchmarks/attention.py --heads 1 --skip sweep,memory,anatomy   # one head: query tiles shared out
 
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
@@ -464,10 +465,14 @@ def memory_worker(framework: str, n: int, causal: bool, blocks: dict) -> dict:
     return result
 
 
+def memory_command(framework: str, n: int, causal: bool, blocks: dict) -> list[str]:
+    """The fresh process that measures one step's memory, with this run's heads and tiles."""
+    return [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, str(n), str(int(causal)),
+            f"--heads={H}"] + [f"--{name.replace('_', '-')}={size}" for name, size in blocks.items() if size]
+
+
 def measure_memory(framework: str, n: int, causal: bool, blocks: dict) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, str(n), str(int(causal)),
-           ] + [f"--{name.replace('_', '-')}={size}" for name, size in blocks.items() if size]
-    return run_worker(cmd, f"{framework} N={n} {mask_name(causal)}")
+    return run_worker(memory_command(framework, n, causal, blocks), f"{framework} N={n} {mask_name(causal)}")
 
 
 def memory_row(n: int, causal: bool, blocks: dict) -> list[str]:
@@ -673,6 +678,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 256, 512, 1024; sweep at 512 and 1024")
     parser.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--heads", type=int, default=H,
+                        help=f"heads H (default {H}); with fewer than the workers, flash's forward shares query tiles")
     parser.add_argument("--block-q", type=int, default=None, help="query rows a tile (default: ag's)")
     parser.add_argument("--block-k", type=int, default=None,
                         help="keys per tile; by default ag's (256, and 512 in a forward without a mask)")
@@ -689,6 +696,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy")
     parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.heads < 1:
+        parser.error(f"--heads must be a positive number of heads, got {args.heads}")
     if args.quick:
         args.sizes, args.repeats, args.naive_repeats = [256, 512, 1024], [3] * 3, [3] * 3
         args.sweep_n, args.sweep_repeats, args.anatomy_n, args.anatomy_number = [512, 1024], [2, 2], 1024, 5
@@ -705,7 +714,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    global H
     args = parse_args()
+    H = args.heads
     blocks = {"block_q": args.block_q, "block_k": args.block_k}
     if args.memory_worker:
         framework, n, causal = args.memory_worker

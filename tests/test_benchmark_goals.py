@@ -108,6 +108,19 @@ def test_attention_runs_per_size_follow_the_sizes_given(monkeypatch, argv, repea
     assert (args.repeats, args.naive_repeats) == (repeats, naive)
 
 
+def test_attention_heads_reach_the_memory_worker_and_must_be_positive(monkeypatch):
+    bench = _attention_benchmark()
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--heads", "1"])
+    monkeypatch.setattr(bench, "H", bench.parse_args().heads)
+    command = bench.memory_command("flash", 1024, True, {"block_q": 128, "block_k": None})
+    monkeypatch.setattr(sys, "argv", command[1:])
+    args = bench.parse_args()
+    assert (args.heads, args.memory_worker, args.block_q) == (1, ["flash", "1024", "1"], 128)
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--heads", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args()
+
+
 def test_a_missed_mlp_time_goal_names_the_blas_only_when_its_products_are_slower_than_torchs():
     import mlp
     slow_blas = mlp.time_limit(29, 19.0, 15.0, 16.2, 12.1)
