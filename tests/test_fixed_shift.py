@@ -74,6 +74,30 @@ def test_a_row_whose_scores_leave_exps_range_has_only_its_query_tile_redone(redo
     np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_a_query_tile_redone_in_a_run_of_its_own_is_redone_at_its_rows(redone, causal, monkeypatch):
+    """One head on two workers: each query tile is a run (``Tiles.for_rows``), and the tile that
+    holds row 37 is redone there at its own rows, with the same bits as on one thread."""
+    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
+    from ag.attention import flash, sharing
+    monkeypatch.setattr(sharing, "MIN_PRODUCTS_PER_THREAD", 1)
+    runs = []
+
+    def run(tiles, q, k, v, out=None):
+        runs.append(q.shape[-2])
+        return fixed_shift_forward(tiles, q, k, v, out=out)
+    monkeypatch.setattr(flash, "fixed_shift_forward", run)
+    q, k, v = qkv(70, 90, 8, h=1, h_kv=1, batch=(1,))
+    q[..., 37, :] = 1e3
+    alone = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, workers=1, return_lse=True)
+    shared = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, workers=2, return_lse=True)
+    offset = 90 - 70 if causal == "bottom_right" else 0
+    assert sorted(runs) == [6] + [16] * 4 + [70]  # the whole head on one thread, then a run a tile
+    assert redone == [(32 + offset, 16)] * 2
+    assert all(np.array_equal(a, b) for a, b in zip(alone, shared))
+    np.testing.assert_allclose(shared[0], naive_attention(q, k, v, causal=causal), rtol=1e-12, atol=1e-13)
+
+
 def test_rows_that_see_no_key_are_redone_and_give_zero_and_minus_infinity(redone):
     q, k, v = qkv(40, 24, 8)  # bottom-right: rows 0..15 see nothing
     o, lse = flash_attention(q, k, v, causal="bottom_right", block_q=16, block_k=8, return_lse=True)
