@@ -506,7 +506,7 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
     monkeypatch.setattr(attention.Tiles, "_score_tile", spy)
     for name in ("fixed_shift_forward", "tiled_backward"):
         monkeypatch.setattr(flash, name, looped(name))
-    q, k, v = qkv(70, 90, 8, 8, 4)  # edge tiles of 6 rows and 26 keys; two runs of two k/v heads
+    q, k, v = qkv(70, 90, 8, 4, 2)  # edge tiles of 6 rows and 26 keys; two runs of one k/v head
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
     assert allocated == [(threading.get_ident(), None)] * 2  # one buffer per thread, before the loops
@@ -519,51 +519,11 @@ def test_score_buffers_forwards_from_the_callers_thread_backwards_in_each_thread
     assert all(t._scores is None for t in used) and len({id(t) for t in used}) == 4
 
 
-def test_a_backward_of_one_head_deals_its_query_tiles_to_groups_each_adding_into_its_own_dk_and_dv():
-    from ag.attention.sharing import BACKWARD_RUNS, Run, plan_backward
-    tiles = [(a, a + 32) for a in range(0, 256, 32)]
-    runs, groups = plan_backward((1,), 1, 1024, 2, tiles)
-    assert groups == BACKWARD_RUNS == 4 and [r.into for r in runs] == [0, 1, 2, 3]
-    assert [r.tiles for r in runs] == [(tiles[g], tiles[7 - g]) for g in range(4)]  # 9 key tiles each, causal
-    assert plan_backward((1,), 1, 1024, 1, tiles) == (runs, 4)  # the groups do not follow the workers
-    assert plan_backward((1,), 2, 1024, 2, tiles)[1] == 2  # two heads: two groups each
-    assert plan_backward((1,), 1, 1024, 2, tiles[:3])[1] == 3  # never more groups than tiles
-    for few in ((1,), 4, 1024, 2, tiles), ((2,), 2, 1024, 2, tiles), ((1,), 1, 1024, 2, tiles[:1]), ((0,), 1, 1024, 2, tiles):
-        assert plan_backward(*few) == (plan_runs_of(*few[:4]), 1)
-
-
-def plan_runs_of(*args):
-    from ag.attention.sharing import plan_runs
-    return plan_runs(*args)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_a_backward_of_one_head_on_two_threads_allocates_its_buffers_there_and_frees_them(monkeypatch, causal, threads_at_any_size):
-    pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
-    from ag import attention
-    allocated, used = [], []
-    score_tile = attention.Tiles._score_tile
-
-    def spy(self, shape, dtype):
-        before = self._scores
-        s = score_tile(self, shape, dtype)
-        if self._scores is not before:
-            allocated.append(threading.get_ident())
-        used.append(self)
-        return s
-    q, k, v = qkv(200, 200, 8, 2, 1)
-    tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-    out = flash_attention(*tensors, causal=causal, block_q=32, block_k=32, workers=2)
-    monkeypatch.setattr(attention.Tiles, "_score_tile", spy)
-    ag.sum(out * out).backward()
-    assert len(allocated) == 2 and threading.get_ident() not in allocated  # one buffer a thread, on it
-    threads_tiles = [t for t in used if t.heads.n_q == 200]  # not a tile's rows alone (Tiles.for_rows)
-    assert len({id(t) for t in threads_tiles}) == 2 and all(t._scores is None for t in threads_tiles)
-    expected = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-    naive = naive_attention(*expected, causal=causal)
-    ag.sum(naive * naive).backward()
-    for got, want in zip(tensors, expected):
-        np.testing.assert_allclose(got.grad, want.grad, rtol=1e-9, atol=1e-9)
+def test_deal_gives_threads_equal_work_heaviest_first():
+    from ag.attention.sharing import deal
+    assert deal(list("abcdefgh"), list(range(1, 9)), 2) == list("hgefdcab")
+    assert deal(list("abc"), [5, 5, 5], 2) == list("cba")  # ties: the last first
+    assert deal(list("abcdef"), [1, 9, 1, 9, 1, 9], 3) == list("fdbace")
 
 
 def test_runs_hold_the_heads_that_fit_a_score_tile_and_give_every_worker_one():

@@ -45,11 +45,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     key/value heads (with their query groups), of all batch entries at once or of one, dealt to
     the threads in turn, each with BLAS held to one thread (threadpoolctl), so nothing
     oversubscribes (``ag.attention.sharing``). Where the heads are fewer than the workers (one
-    head, multi-query attention), the forward's runs are cut by query tile too; a backward with
-    fewer than ``sharing.BACKWARD_RUNS`` heads deals its query tiles to that many groups, each
-    adding into a dK and dV of its own (3 more (N, d) pairs for one head), summed in group order. A call too small to repay starting threads
-    runs on the caller's thread. None means the cores this process may run on (its CPU affinity:
-    ``taskset`` or a job's cpuset count); without threadpoolctl
+    head, multi-query attention), the forward's runs are cut by query tile too; the backward's
+    are not, as every query tile adds into the same dK and dV. A call too small to repay
+    starting threads runs on the caller's thread. None means the cores this process may run on
+    (its CPU affinity: ``taskset`` or a job's cpuset count); without threadpoolctl
     (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
 
@@ -122,43 +121,26 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     def backward(q, k, v, o, lse, do):
         # each run adds into its heads' share of grads in the inputs' own shapes: no joining copy
         grads = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
-        runs, own = _shared_out(tiles, q.dtype, threads, backward=True)
-        into = [grads[1:]] + [(np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
-                              for _ in range(max(run.into for run in runs))]
 
         def run_loop(own: Tiles, run: sharing.Run) -> None:
-            g, (dk, dv) = heads.group, into[run.into]
-            if run.tiles:  # a group of query tiles, each one tiled_backward of its own, in one S buffer
-                own.reserve_scores(q.dtype)
-            for part in [run.tile(rows) for rows in run.tiles] if run.tiles else [run]:
-                tiled_backward(own if part.rows is None else own.for_rows(*part.rows),
-                               part.part(q, g, queries=True), part.part(k), part.part(v),
-                               part.part(o, g, queries=True), part.part(lse, g, axis=-2, queries=True),
-                               part.part(do, g, queries=True),
-                               grads=(part.part(grads[0], g, queries=True), part.part(dk), part.part(dv)))
-        # each thread allocates its S buffer in its first run, after D's temporary (a run of whole
-        # heads) or before its first tile's, a tile's rows' alone (a group of query tiles)
-        _each_run(runs, own, run_loop, hold_blas=asked > 1)
-        for dk, dv in into[1:]:  # in group order, whichever thread finished first
-            np.add(grads[1], dk, out=grads[1])
-            np.add(grads[2], dv, out=grads[2])
+            g = heads.group
+            tiled_backward(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g),
+                           run.part(lse, g, axis=-2), run.part(do, g),
+                           grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
+        # each thread allocates its S buffer in its first loop, once D's temporary is gone
+        _each_run(*_shared_out(tiles, q.dtype, threads), run_loop, hold_blas=asked > 1)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
 
 
-def _shared_out(tiles: Tiles, dtype, threads: int, by_query_tile: bool = False,
-                backward: bool = False) -> tuple[list, list[Tiles]]:
+def _shared_out(tiles: Tiles, dtype, threads: int, by_query_tile: bool = False) -> tuple[list, list[Tiles]]:
     """The call's runs (``ag.attention.sharing``), and the tiles of each thread that takes them.
-    Where the heads are too few, a forward's runs (``by_query_tile``) are cut by query tile, and a
-    backward's query tiles dealt to groups (``sharing.plan_backward``)."""
+    ``by_query_tile`` (a forward): where the heads leave a thread idle, runs are cut by query tile."""
     h = tiles.heads
     head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
-    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)]
-    if backward:
-        runs, _ = sharing.plan_backward(h.lead, h.h_kv, head_bytes, threads, query_tiles)
-    else:
-        runs = sharing.plan_runs(h.lead, h.h_kv, head_bytes, threads, query_tiles if by_query_tile else None)
+    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)] if by_query_tile else None
+    runs = sharing.plan_runs(h.lead, h.h_kv, head_bytes, threads, query_tiles)
     return runs, [tiles.for_run(runs[0]) for _ in range(min(threads, len(runs)))]
 
 

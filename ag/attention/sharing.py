@@ -5,12 +5,12 @@ key/value heads with their query groups: of every batch entry at once when they 
 A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES``, so that a
 step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
 workers where the heads allow it. Where they do not (one head, or fewer heads than workers), a
-forward's runs are cut by query tile as well: a tile's rows of O and L depend on no other query,
-so any thread may take it. A backward's are not: every query tile adds into the same dK and dV
-(torch's CPU backward too shares out only batch and heads). ``workers`` threads take the runs in
-turn, each with its own tiles, and BLAS held to one thread each (threadpoolctl), so nothing
-oversubscribes. Runs are independent and each is computed the same way whichever thread takes
-it, so the result is bit-identical for any number of workers.
+forward's runs are cut by query tile as well: a tile's rows of O and L depend on no other query.
+A backward's are not: every query tile adds into the same dK and dV (BENCHMARKS.md, "History":
+two passes or dK and dV of its own for each group of query tiles did not pay on two cores).
+``workers`` threads take the runs in turn, each with its own tiles, and BLAS held to one thread
+each (threadpoolctl), so nothing oversubscribes. Runs are independent and each is computed the
+same way whichever thread takes it, so the result is bit-identical for any number of workers.
 """
 from __future__ import annotations
 
@@ -31,24 +31,17 @@ SCORE_TILE_BYTES = 512 * 1024
 # it, starting threads costs more than they save (B = 2, H = 4, N = 128, d = 16: 0.79 ms on the
 # caller, 1.33 on two threads; H = 8, N = 256, d = 64: 2.42 and 2.21 ms).
 MIN_PRODUCTS_PER_THREAD = 1 << 22
-# A backward with fewer (batch entry, key/value head) pairs than this shares its query tiles out in
-# this many groups, each with a dK and dV of its own (``plan_backward``): 3 more (N, d) pairs for
-# one head, so that up to 4 cores share a call of one head.
-BACKWARD_RUNS = 4
 
 
 @dataclass(frozen=True)
 class Run:
-    """Key/value heads [first, stop) of batch entry ``index`` (None: of every batch entry); of their
-    queries, a forward's one tile of ``rows`` [start, stop) (None: every query), or a backward's
-    ``tiles``, whose dK and dV it adds into buffer ``into`` (0: the grads; ``plan_backward``)."""
+    """Key/value heads [first, stop) of batch entry ``index`` (None: of every batch entry), and of
+    their queries the rows [start, stop) of one tile (a forward's; None: every query)."""
 
     index: tuple[int, ...] | None
     first: int
     stop: int
     rows: tuple[int, int] | None = None
-    tiles: tuple[tuple[int, int], ...] = ()
-    into: int = 0
 
     def part(self, x: np.ndarray, per_kv_head: int = 1, axis: int = -3, queries: bool = False) -> np.ndarray:
         """This run's view of ``x``: its heads along ``axis``, ``per_kv_head`` of them for each
@@ -59,10 +52,6 @@ class Run:
         heads = slice(self.first * per_kv_head, self.stop * per_kv_head)
         rows = slice(*self.rows) if queries and self.rows is not None else slice(None)
         return x[(Ellipsis, heads, rows) + (slice(None),) * (-axis - 2)]
-
-    def tile(self, rows: tuple[int, int]) -> Run:
-        """The same heads, query rows [start, stop) alone."""
-        return replace(self, rows=rows, tiles=())
 
     @property
     def heads(self) -> int:
@@ -90,33 +79,24 @@ def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int,
 
 
 def by_query_tile(runs: list[Run], query_tiles: list[tuple[int, int]], workers: int) -> list[Run]:
-    """Each run cut into one run a query tile, in an order that deals ``workers`` threads equal work
-    (``in_turns``: thread i takes runs i, i + T, …). Under a causal mask a tile's work grows with its
-    row, so the tiles go out from the last, in rounds of T, every other round backwards: with T = 2
-    and 8 tiles, thread 0 takes tiles 7, 4, 3, 0 and thread 1 tiles 6, 5, 2, 1, the same number of
-    visible scores; what a round leaves over is the lightest tiles. Dealt in order, thread 1 would
-    take 1/T of a tile more in each round (at 16 tiles, 72 key tiles against 64)."""
-    order, last_first = [], query_tiles[::-1]
-    for start in range(0, len(last_first), workers):
-        round_ = last_first[start:start + workers]
+    """Each run cut into one run a query tile, dealt so that ``workers`` threads get equal work
+    (``deal``; under a causal mask a tile's work grows with its row)."""
+    return [replace(run, rows=rows) for run in runs
+            for rows in deal(query_tiles, list(range(1, len(query_tiles) + 1)), workers)]
+
+
+def deal(items: list, work: list[int], workers: int) -> list:
+    """``items`` in an order that gives ``workers`` threads equal work, where thread i takes items
+    i, i + T, … (``in_turns``): heaviest first, in rounds of T, every other round backwards. With
+    T = 2 and the causal query tiles 0..7 (work 1..8), thread 0 takes tiles 7, 4, 3, 0 and thread 1
+    tiles 6, 5, 2, 1, 18 key tiles each; in order, thread 1 would take 1/T of a tile more each round
+    (at 16 tiles, 72 key tiles against 64)."""
+    heaviest = [item for _, _, item in sorted(zip(work, range(len(items)), items), key=lambda t: (-t[0], -t[1]))]
+    order = []
+    for start in range(0, len(heaviest), workers):
+        round_ = heaviest[start:start + workers]
         order += round_[::-1] if (start // workers) % 2 else round_
-    return [replace(run, rows=rows) for run in runs for rows in order]
-
-
-def plan_backward(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int,
-                  query_tiles: list[tuple[int, int]]) -> tuple[list[Run], int]:
-    """A backward's runs, and how many dK and dV buffers they add into. A call with fewer (batch
-    entry, key/value head) pairs than ``BACKWARD_RUNS`` deals its query tiles to that many groups
-    (as ``by_query_tile`` deals them to threads; at most one group a tile), each group adding into
-    a dK and dV of its own, which the caller sums in group order. The groups follow from the
-    shapes alone, never from ``workers``, so the bits do not change with the number of threads."""
-    runs = plan_runs(lead, h_kv, head_bytes, workers)
-    pairs = math.prod(lead) * h_kv
-    groups = min(len(query_tiles), -(-BACKWARD_RUNS // max(pairs, 1)))
-    if pairs == 0 or pairs >= BACKWARD_RUNS or groups < 2:
-        return runs, 1
-    dealt = [run.rows for run in by_query_tile([Run(None, 0, 0)], query_tiles, groups)]
-    return [replace(run, tiles=tuple(sorted(dealt[g::groups])), into=g) for run in runs for g in range(groups)], groups
+    return order
 
 
 def threads_for(products: int, workers: int) -> int:
