@@ -69,6 +69,9 @@ TORCH_STRETCH_GOAL = 1.0  # the same issue's stretch goal
 MEMORY_GOAL = 0.1  # flash peak / naive peak
 BLOCKS = (64, 128, 256, 512, 1024)
 HEAD_REPEATS = 7  # runs of each contestant in table 2c
+# Table 2c's wait before each run: every contestant there runs on one thread, and no thread of
+# either library is left spinning, which ``_timing.SETTLE``'s 0.2 s waits out (11 s of a --quick run)
+HEAD_SETTLE = 0.02
 BLAS_PARITY = 1.1  # NumPy's products / torch's matmul above this: BLAS limits first
 
 
@@ -377,7 +380,7 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
-            times = take_turns(calls, repeats)
+            times = take_turns(calls, repeats, settle=HEAD_SETTLE)
     finally:
         torch.set_num_threads(threads)
     return {name: med(t) for name, t in times.items()}
