@@ -81,8 +81,8 @@ def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int,
 def by_query_tile(runs: list[Run], query_tiles: list[tuple[int, int]], workers: int) -> list[Run]:
     """Each run cut into one run a query tile, dealt so that ``workers`` threads get equal work
     (``deal``; under a causal mask a tile's work grows with its row)."""
-    return [replace(run, rows=rows) for run in runs
-            for rows in deal(query_tiles, list(range(1, len(query_tiles) + 1)), workers)]
+    dealt = deal(query_tiles, list(range(1, len(query_tiles) + 1)), workers)
+    return [replace(run, rows=rows) for run in runs for rows in dealt]
 
 
 def deal(items: list, work: list[int], workers: int) -> list:
@@ -91,7 +91,7 @@ def deal(items: list, work: list[int], workers: int) -> list:
     T = 2 and the causal query tiles 0..7 (work 1..8), thread 0 takes tiles 7, 4, 3, 0 and thread 1
     tiles 6, 5, 2, 1, 18 key tiles each; in order, thread 1 would take 1/T of a tile more each round
     (at 16 tiles, 72 key tiles against 64)."""
-    heaviest = [item for _, _, item in sorted(zip(work, range(len(items)), items), key=lambda t: (-t[0], -t[1]))]
+    heaviest = [items[i] for i in sorted(range(len(items)), key=lambda i: (-work[i], -i))]
     order = []
     for start in range(0, len(heaviest), workers):
         round_ = heaviest[start:start + workers]
