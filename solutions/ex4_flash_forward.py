@@ -47,7 +47,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
             m_new = np.maximum(m_i, tiles.row_max(s))
             shift = np.where(np.isfinite(m_new), m_new, 0)  # a row with nothing visible yet
             s -= shift
-            p = np.exp(s, out=s)
+            p = tiles.exp(s)
             alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
             l_i = alpha * l_i + tiles.row_sum(p)
             acc *= alpha

@@ -694,3 +694,42 @@ def test_score_tiles_are_written_into_one_buffer_per_pass_and_are_right(monkeypa
         rows, cols = np.arange(expected.shape[-2]) + q_start, np.arange(expected.shape[-1]) + k_start
         hidden = cols[None, :] > rows[:, None] + tiles.offset  # a tile's rows alone start at their offset
         np.testing.assert_array_equal(values, np.where(hidden, -np.inf, expected))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_of_a_tile_gives_zero_not_a_subnormal_and_numpys_exp_elsewhere(dtype):
+    from ag.attention.tiles import EXP_FLOOR, Tiles
+    floor = EXP_FLOOR[np.dtype(dtype)]
+    s = np.random.default_rng(0).uniform(floor - 30, 5, (2, 8, 64)).astype(dtype)
+    s[0, 0, :4] = [-np.inf, np.nan, floor + 0.5, floor - 0.5]
+    want = np.exp(s)
+    assert np.any((want > 0) & (want < np.finfo(dtype).tiny))  # numpy's exp gives subnormals here
+    got = Tiles.exp(s.copy())
+    below = s < floor
+    assert np.all(got[below] == 0) and below.sum() > 10
+    np.testing.assert_array_equal(got[~below], want[~below])  # bit for bit, NaN included
+    assert not np.any((got > 0) & (got < np.finfo(dtype).tiny))
+
+
+@pytest.mark.parametrize("shift", ["fixed", "running"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_peaked_attention_computes_no_subnormal_probability_and_matches_naive(monkeypatch, causal, shift):
+    import types
+    from ag.attention import tiles as tiles_module
+    q, k, v = (x.astype(np.float32) for x in qkv(96, 96, 16, 2, 2, seed=4))
+    q = q * 16  # scores of standard deviation 16: e^(S - L) falls below float32's normal range
+    subnormal = []
+
+    def exp(x, out=None):
+        result = np.exp(x, out=out)
+        subnormal.append(int(np.count_nonzero((result > 0) & (result < np.finfo(result.dtype).tiny))))
+        return result
+    monkeypatch.setattr(tiles_module, "np", types.SimpleNamespace(**{**vars(np), "exp": exp}))
+    weight = np.random.default_rng(5).standard_normal(q.shape).astype(np.float32)
+    out, grads = grads_of(flash_attention, q, k, v, weight, causal=causal, shift=shift, block_q=32, block_k=32)
+    monkeypatch.undo()
+    assert len(subnormal) > 10 and sum(subnormal) == 0
+    out64, grads64 = grads_of(naive_attention, *(x.astype(np.float64) for x in (q, k, v)), weight, causal=causal)
+    np.testing.assert_allclose(out, out64, rtol=0, atol=1e-4)
+    for got, want in zip(grads, grads64):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())

@@ -30,7 +30,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
             s = tiles.scores(q_i, k_j, q_start, k_start)
             s -= lse_g[..., rows, :]
-            p = np.exp(s, out=s)
+            p = tiles.exp(s)
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
             ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
             ds -= d_row[..., rows, :]
