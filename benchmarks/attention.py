@@ -4,6 +4,7 @@
     python benchmarks/attention.py --quick   # N = 256..1024, sweep at 512 and 1024: about 35 s
     python benchmarks/attention.py --block-q 256 --block-k 256 --skip sweep,memory   # other tiles than ag's defaults
     python benchmarks/attention.py --heads 1 --skip sweep,memory,anatomy   # one head: query tiles shared out
+    python benchmarks/attention.py --q-scale 16 --sizes 2048 --skip sweep,memory,anatomy   # peaked scores
 
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
@@ -63,6 +64,7 @@ from mlp import machine_lines, print_table  # noqa: E402
 
 MB = 10**6
 B, H, D = 1, 8, 64
+Q_SCALE = 1.0  # q times this (``--q-scale``): scores of this standard deviation, a peaked attention
 NAIVE_GOAL = 1.3   # flash time / naive time
 TORCH_GOAL = 1.2   # flash time / torch time (issue 14)
 TORCH_STRETCH_GOAL = 1.0  # the same issue's stretch goal
@@ -72,15 +74,16 @@ HEAD_REPEATS = 7  # runs of each contestant in table 2c
 # Table 2c's wait before each run: every contestant there runs on one thread, and no thread of
 # either library is left spinning, which ``_timing.SETTLE``'s 0.2 s waits out (11 s of a --quick run)
 HEAD_SETTLE = 0.02
-BLAS_PARITY = 1.1  # NumPy's products / torch's matmul above this: BLAS limits first
+BLAS_PARITY = 1.1  # NumPy's products / torch's matmul above this: the goal line says NumPy's BLAS is slower
 
 
 # ---- inputs and the three contestants ----
 
 def make_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """q, k, v and the fixed output grad dO, float32 (B, H, n, D), standard normal."""
+    """q, k, v and the fixed output grad dO, float32 (B, H, n, D), standard normal; q times ``Q_SCALE``."""
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(4))
+    q, k, v, do = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(4))
+    return q * np.float32(Q_SCALE), k, v, do
 
 
 def flops(n: int, causal: bool, passes: float = 1.0) -> float:
@@ -436,7 +439,8 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
              f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): {passes}, which no NumPy "
              "call fuses with the products, the per-row ops and the Python between calls. ")
     if blas > BLAS_PARITY:
-        limit += "NumPy's BLAS is the first limit here. "
+        limit += ("NumPy's BLAS is slower than torch's on these tiles alone, yet on an Intel Xeon torch's "
+                  "matmul in its place inside flash's loops saved nothing (BENCHMARKS.md, 'What limits'). ")
     else:
         limit += "The products run at torch's speed, so the passes outside them are the limit. "
     limit += ("Two threads add starting them and their turns on the GIL. "
@@ -683,6 +687,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--heads", type=int, default=H,
                         help=f"heads H (default {H}); with fewer than the workers, flash's forward shares query tiles")
+    parser.add_argument("--q-scale", type=float, default=Q_SCALE,
+                        help="q times this: scores of this standard deviation (peaked attention; the memory "
+                             "tables keep 1)")
     parser.add_argument("--block-q", type=int, default=None, help="query rows a tile (default: ag's)")
     parser.add_argument("--block-k", type=int, default=None,
                         help="keys per tile; by default ag's (256, and 512 in a forward without a mask)")
@@ -717,9 +724,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    global H
+    global H, Q_SCALE
     args = parse_args()
-    H = args.heads
+    H, Q_SCALE = args.heads, args.q_scale
     blocks = {"block_q": args.block_q, "block_k": args.block_k}
     if args.memory_worker:
         framework, n, causal = args.memory_worker
@@ -728,7 +735,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
     print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {tiles_label(blocks)} "
-          f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None})})")
+          f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None})})"
+          + (f"; q x {Q_SCALE:g} (peaked scores)" if Q_SCALE != 1 else ""))
     for line in machine_lines():
         print(line)
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
