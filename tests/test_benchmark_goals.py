@@ -152,3 +152,31 @@ def test_a_missed_transformer_time_goal_names_the_blas_only_when_the_products_al
     assert text.endswith("full reruns some of them")
     text = transformer.time_limit(72, "none", dict(med, **{"numpy products": 0.94}))
     assert text.startswith("the passes outside the products (outside them ag's step without recomputation takes 716 ms")
+
+
+def test_blas_swap_runs_every_tile_product_on_torch_and_puts_numpy_back(torch_or_skip, monkeypatch):
+    """benchmarks/blas_swap.py's diagnosis is only as good as its swap: with it, flash's loops make
+    every product on torch's matmul and none on NumPy's, as many as they make on NumPy's without
+    it; the answer differs from NumPy's only in rounding; flash's modules get NumPy back."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "blas_swap.py"
+    spec = importlib.util.spec_from_file_location("blas_swap_benchmark", path)
+    swap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(swap)
+    swapped, on_torch, on_numpy = swap.torch_numpy(torch_or_skip), [], []
+    torch_matmul, numpy_matmul = swapped.matmul, np.matmul
+    swapped.matmul = lambda *a, **kw: on_torch.append(1) or torch_matmul(*a, **kw)
+    monkeypatch.setattr(np, "matmul", lambda *a, **kw: on_numpy.append(1) or numpy_matmul(*a, **kw))
+    rng = np.random.default_rng(0)
+    inputs = tuple(rng.standard_normal((1, 2, 600, 16), dtype=np.float32) for _ in range(4))  # 3 x 3 tiles
+    threads = torch_or_skip.get_num_threads()
+    try:
+        got = swap.flash_times(swapped, inputs, True, 1)[2]
+    finally:
+        torch_or_skip.set_num_threads(threads)
+    assert all(module.np is np for module in swap.LOOP_MODULES)
+    assert len(on_torch) > 20 and on_numpy == []
+    want = swap.flash_times(np, inputs, True, 1)[2]
+    assert len(on_numpy) == len(on_torch)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
