@@ -83,7 +83,8 @@ def make_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     """q, k, v and the fixed output grad dO, float32 (B, H, n, D), standard normal; q times ``Q_SCALE``."""
     rng = np.random.default_rng(seed)
     q, k, v, do = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(4))
-    return q * np.float32(Q_SCALE), k, v, do
+    q *= np.float32(Q_SCALE)
+    return q, k, v, do
 
 
 def flops(n: int, causal: bool, passes: float = 1.0) -> float:
