@@ -183,3 +183,25 @@ def test_fixed_shift_forward_fills_given_outputs_in_place():
     got = fixed_shift_forward(tiles, q, k, v, out=(o, lse))
     assert got[0] is o and got[1] is lse
     np.testing.assert_allclose(o, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
+
+
+def test_a_query_tile_stops_at_the_key_tile_that_overflows_and_is_redone(redone, monkeypatch):
+    """Row 5 scores e^1000 on key 0, in the first of four key tiles: the fixed shift makes no PV
+    product for its query tile (it stops there), the running max makes its four, and the answer is
+    the running max's, bit for bit."""
+    import types
+    q, k, v = qkv(16, 64, 8, h=1, h_kv=1, batch=())
+    k[0, 0] = 1.0
+    q[0, 5] = 1000 / k[0, 0].sum() * np.sqrt(8)  # scale · q_5 · k_0 = 1000
+    pv_products = []
+
+    def matmul(a, b, *args, **kwargs):
+        pv_products.append(a.shape)
+        return np.matmul(a, b, *args, **kwargs)
+    monkeypatch.setattr(forward, "np", types.SimpleNamespace(**{**vars(np), "matmul": matmul}))
+    fixed = flash_attention(q, k, v, block_q=16, block_k=16)
+    monkeypatch.undo()
+    assert redone == [(0, 16)] and len(pv_products) == 4  # the running max's, none before
+    running = flash_attention(q, k, v, block_q=16, block_k=16, shift="running")
+    np.testing.assert_array_equal(fixed, running)
+    np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)

@@ -55,7 +55,9 @@ def fixed_shift_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarra
     and the scores that underflowed (each below tiny) make less than 2^-30 of l_i for N < 2^32, under
     the float's own rounding. Else (a score too large, a row that sees no key or only scores too
     small, a NaN) the tile's rows are redone with the running max (``tiled_forward``), which gives
-    0 for a row that sees nothing and carries a NaN.
+    0 for a row that sees nothing and carries a NaN. An l_i past max (an overflow, a NaN) stays so,
+    so the key tiles stop at the first that makes one: peaked scores (q × 30, N = 2048) wasted four
+    key tiles' products a query tile on a redo, now one (BENCHMARKS.md, "History").
 
     Not an exercise, but it solves exercise 4 another way: a student's copy of ag (``ag assign
     --release``) has ``tiled_forward`` in its place (``Exercise.withheld``)."""
@@ -77,6 +79,8 @@ def fixed_shift_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarra
             for cols in tiles.key_slices(q_start, q_start + q_i.shape[-2]):
                 p = tiles.exp_scores(q_i, q2_i, kg[..., cols, :], q_start, cols.start)
                 l_i += tiles.row_sum(p)
+                if not l_i.max(initial=0) <= info.max:  # an e^S overflowed (or a NaN): the check fails, stop now
+                    break
                 acc += np.matmul(p, vg[..., cols, :])
         if np.all((l_i >= smallest) & (l_i <= info.max)) and np.isfinite(acc).all():
             np.divide(acc, l_i, out=og[..., rows, :])
