@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag import Tensor  # noqa: E402
 from ag.attention import backward, flash_attention, forward, tiles  # noqa: E402
-from attention import machine_lines, make_inputs  # noqa: E402
+from attention import _ints, machine_lines, make_inputs  # noqa: E402
 
 LOOP_MODULES = (tiles, forward, backward)  # the modules whose ``np.matmul`` flash's loops call
 
@@ -76,7 +76,7 @@ def sdpa_times(torch, inputs, causal: bool, workers: int) -> tuple[float, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 4096])
+    parser.add_argument("--sizes", type=_ints, default=[2048, 4096])
     parser.add_argument("--repeats", type=int, default=3, help="turns of each contestant per row")
     parser.add_argument("--workers", type=int, default=None, help="flash's and torch's threads (default: the cores)")
     args = parser.parse_args()
