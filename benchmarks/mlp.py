@@ -8,8 +8,9 @@ loss = mean of the last output; one step = forward + backward into every weight 
 
 Time is the median (and the best) of ``--repeats`` steps after a warm-up, ag and torch
 taking turns in the same process, so that drift in the machine's speed hits both alike.
-The step's products are also timed alone, on NumPy's BLAS and on torch's matmul with the same
-shapes, so that a missed time goal says whether the BLAS or the rest of the step limits it.
+The step's products are also timed alone with the same shapes: on NumPy's BLAS, as ag runs them
+(a large one in row blocks on its op threads) and on torch's matmul, so that a missed time goal
+says whether the BLAS, ag's blocks or the rest of the step limits it.
 ``--profile`` shows where a step's time goes instead (cProfile for ag, torch.profiler).
 
 Memory is measured in a fresh subprocess per framework and dtype, the same way for both:
@@ -139,12 +140,15 @@ def check_same_result(a: AgMLP, t: TorchMLP) -> float:
 
 def products_alone(triples: list[tuple[np.ndarray, np.ndarray, np.ndarray]], times: int = 1,
                    no_input_grad: frozenset[int] = frozenset()) -> dict[str, Callable[[], object]]:
-    """Products of linear maps alone, on NumPy's BLAS ("numpy products") and on torch's matmul ("torch
-    products"), the same arrays and layouts: for each (x, w, dy), x w, then dy wᵀ (the input's grad,
-    unless its index is in ``no_input_grad``) and xᵀ dy (the weight's grad); all of it ``times`` over.
-    Stacks of matrices work too (w and dy transposed in their last two axes)."""
+    """Products of linear maps alone, the same arrays and layouts three ways: on NumPy's BLAS in one
+    call each ("numpy products"), as ag's ops run them ("ag products": a large one in row blocks on
+    ag's op threads, one BLAS thread each; ``ag.set_workers``) and on torch's matmul ("torch
+    products"). For each (x, w, dy): x w, then dy wᵀ (the input's grad, unless its index is in
+    ``no_input_grad``) and xᵀ dy (the weight's grad); all of it ``times`` over. Stacks of matrices
+    work too (w and dy transposed in their last two axes)."""
     import torch
     tensors = [tuple(torch.from_numpy(a) for a in triple) for triple in triples]
+    wrapped = [tuple(ag.Tensor(a) for a in triple) for triple in triples]
 
     def run(triples, matmul, transposed):
         for _ in range(times):
@@ -154,6 +158,7 @@ def products_alone(triples: list[tuple[np.ndarray, np.ndarray, np.ndarray]], tim
                     matmul(dy, transposed(w))
                 matmul(transposed(x), dy)
     return {"numpy products": lambda: run(triples, np.matmul, lambda z: np.swapaxes(z, -1, -2)),
+            "ag products": lambda: run(wrapped, ag.matmul, lambda z: ag.Tensor(np.swapaxes(z.value, -1, -2))),
             "torch products": lambda: run(tensors, torch.matmul, lambda z: z.transpose(-1, -2))}
 
 
@@ -297,11 +302,11 @@ def time_row(dtype: str, args) -> tuple[list[str], str]:
     best = {name: min(ts) for name, ts in times.items()}
     ratio = med["ag"] / med["torch"]
     limit = time_limit(3 * args.layers - 1, *(med[name] * 1e3 for name in
-                                              ("ag", "torch", "numpy products", "torch products")))
+                                              ("ag", "torch", "numpy products", "torch products", "ag products")))
     return [dtype, f"{med['ag'] * 1e3:.0f}", f"{med['torch'] * 1e3:.0f}", shown(ratio, TIME_GOAL),
             verdict(ratio, TIME_GOAL), f"{best['ag'] * 1e3:.0f}", f"{best['torch'] * 1e3:.0f}",
             f"{best['ag'] / best['torch']:.2f}", f"{med['numpy products'] * 1e3:.1f}",
-            f"{med['torch products'] * 1e3:.1f}", f"{worst:.1e}"], limit
+            f"{med['ag products'] * 1e3:.1f}", f"{med['torch products'] * 1e3:.1f}", f"{worst:.1e}"], limit
 
 
 def memory_row(dtype: str, args) -> list[str]:
@@ -334,15 +339,25 @@ def profile(dtype: str, args, steps: int = 3) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
 
 
-def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float, torch_products: float) -> str:
-    """What a missed time goal is limited by, from the step's products timed alone on both BLAS."""
+def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float, torch_products: float,
+               ag_products: float | None = None) -> str:
+    """What a missed time goal is limited by, from the step's products timed alone (``products_alone``):
+    NumPy's BLAS, where one call each is slower than torch's matmul; else ag's row blocks, where the
+    products as ag runs them are slower than both; else the rest of the step."""
+    ag_products = numpy_products if ag_products is None else ag_products
     blas = f"{numpy_blas_name()}, {numpy_blas_kernels()}"
     share = f"the step's {count} products alone take {numpy_products:.1f} ms of ag's {ag_ms:.0f} on NumPy's BLAS"
-    rest = f"{ag_ms - numpy_products:.1f} ms outside them against torch's {torch_ms - torch_products:.1f}"
+    rest = f"{ag_ms - ag_products:.1f} ms outside them against torch's {torch_ms - torch_products:.1f}"
     if numpy_products > torch_products * 1.02:
         return (f"{share} ({blas}) and {torch_products:.1f} ms on torch's matmul, "
-                f"{numpy_products / torch_products:.2f} x: the BLAS first ({rest})")
-    return f"{share}, no slower than torch's matmul ({torch_products:.1f} ms): the rest of ag's step, {rest}"
+                f"{numpy_products / torch_products:.2f} x: the BLAS first ({ag_products:.1f} ms as ag runs "
+                f"them; {rest})")
+    if ag_products > max(numpy_products, torch_products) * 1.02:
+        return (f"{share}, no slower than torch's matmul ({torch_products:.1f} ms), but {ag_products:.1f} ms "
+                f"as ag runs them, in row blocks on its op threads with one BLAS thread each "
+                f"({ag_products / numpy_products:.2f} x one call on BLAS's own threads): the blocks first ({rest})")
+    return (f"{share}, no slower than torch's matmul ({torch_products:.1f} ms), {ag_products:.1f} ms as ag runs "
+            f"them: the rest of ag's step, {rest}")
 
 
 def main() -> None:
@@ -386,7 +401,8 @@ def main() -> None:
     print_table(f"Time per step (median and best of {args.repeats} after a warm-up; "
                 f"goal: median ag/torch <= {TIME_GOAL:.2f})",
                 ["dtype", "ag ms", "torch ms", "ag/torch", "goal", "best ag ms", "best torch ms",
-                 "best ag/torch", "its products: NumPy ms", "torch ms", "max rel. grad diff"], time_rows)
+                 "best ag/torch", "its products: NumPy ms", "as ag runs them", "torch ms", "max rel. grad diff"],
+                time_rows)
     if memory_rows:
         print_table(f"Peak memory of one step (goal ag/torch <= {MEMORY_GOAL:.2f}, "
                     f"within the method's resolution of {MEMORY_RESOLUTION:.1%})",

@@ -28,8 +28,9 @@ every parameter's. Three modes:
 Before timing, one step of each mode on both sides checks that out, dx and the parameter grads
 agree (max |ag - torch| / max |torch|, float32). Time: medians and bests of steps that take turns
 in one process (every mode of both frameworks, one after another), with the 72 products of a step
-without recomputation alone on NumPy's BLAS and on torch's matmul taking their turns too, so that a
-missed time goal says whether the BLAS or the passes outside it limit it. Memory: the peak of one step in
+without recomputation alone (on NumPy's BLAS, as ag runs them in blocks on its op threads, and on
+torch's matmul) taking their turns too, so that a missed time goal says whether the BLAS, ag's blocks
+or the passes outside them limit it. Memory: the peak of one step in
 a fresh subprocess per framework and mode, as RSS growth (``_memory.py``), and for ag also as
 tracemalloc sees it (``ag.trace``).
 """
@@ -234,10 +235,11 @@ def worst_differences(steps: dict) -> dict[str, tuple[float, float, float]]:
 # ---- time ----
 
 def products(args) -> tuple[int, dict[str, Callable[[], object]]]:
-    """The products of a step without recomputation, alone, on NumPy's BLAS and on torch's matmul,
-    with the same shapes and layouts: per layer x W for the QKV, output, fc1 and fc2 weights and the
-    two stacks of attention products (Q Kᵀ and P V over b·a heads), each with the two products of its
-    backward (dY Wᵀ and Xᵀ dY). Returns the count and the two runs."""
+    """The products of a step without recomputation, alone, on NumPy's BLAS, as ag runs them and on
+    torch's matmul (``products_alone``), with the same shapes and layouts: per layer x W for the QKV,
+    output, fc1 and fc2 weights and the two stacks of attention products (Q Kᵀ and P V over b·a
+    heads), each with the two products of its backward (dY Wᵀ and Xᵀ dY). Returns the count and the
+    three runs."""
     s, b, h, a = args.seq, args.batch, args.hidden, args.heads
     t, d = s * b, h // a
     rng = np.random.default_rng(2)
@@ -250,17 +252,24 @@ def products(args) -> tuple[int, dict[str, Callable[[], object]]]:
 
 def time_limit(count: int, mode: str, med: dict[str, float]) -> str:
     """What limits a mode's step time: the BLAS, where the products alone are slower on NumPy's than
-    on torch's matmul (``products``), else the passes outside them; figures in ms from ``med``."""
+    on torch's matmul (``products``); else ag's blocks, where the products as ag runs them are slower
+    than both; else the passes outside them; figures in ms from ``med``."""
     ms = {name: seconds * 1e3 for name, seconds in med.items()}
     numpy_ms, torch_ms = ms["numpy products"], ms["torch products"]
-    rest = (f"outside them ag's step without recomputation takes {ms['ag none'] - numpy_ms:.0f} ms, "
+    ag_ms = ms.get("ag products", numpy_ms)
+    rest = (f"outside them ag's step without recomputation takes {ms['ag none'] - ag_ms:.0f} ms, "
             f"torch's {ms['torch none'] - torch_ms:.0f}")
+    reruns = "" if mode == "none" else f"; {mode} reruns some of them"
     if numpy_ms > 1.02 * torch_ms:
         return (f"NumPy's BLAS first: the {count} products of a step without recomputation take {numpy_ms:.0f} ms "
                 f"alone on NumPy's BLAS against {torch_ms:.0f} on torch's matmul ({numpy_ms / torch_ms:.2f} x), "
-                f"the same shapes; {rest}" + ("" if mode == "none" else f"; {mode} reruns some of them"))
+                f"the same shapes, and {ag_ms:.0f} as ag runs them; {rest}" + reruns)
+    if ag_ms > 1.02 * max(numpy_ms, torch_ms):
+        return (f"ag's blocks first: the {count} products of a step without recomputation take {ag_ms:.0f} ms as ag "
+                f"runs them (large ones in blocks on its op threads, one BLAS thread each) against {numpy_ms:.0f} "
+                f"in one call each on NumPy's BLAS and {torch_ms:.0f} on torch's matmul; {rest}" + reruns)
     return (f"the passes outside the products ({rest}; the {count} products alone take {numpy_ms:.0f} ms on "
-            f"NumPy's BLAS, {torch_ms:.0f} on torch's matmul): {LIMITS['time']}")
+            f"NumPy's BLAS, {ag_ms:.0f} as ag runs them, {torch_ms:.0f} on torch's matmul): {LIMITS['time']}")
 
 
 def time_table(times: dict[str, list[float]]) -> list[list[str]]:
@@ -483,8 +492,10 @@ def main() -> None:
         took["memory"] = time.perf_counter() - start
     med = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"\nThe {count} products of a step without recomputation, alone (median ms, the same shapes and layouts): "
-          f"NumPy's BLAS {med['numpy products'] * 1e3:.0f}, torch's matmul {med['torch products'] * 1e3:.0f}, "
-          f"ratio {med['numpy products'] / med['torch products']:.2f}\n")
+          f"NumPy's BLAS {med['numpy products'] * 1e3:.0f}, as ag runs them {med['ag products'] * 1e3:.0f}, "
+          f"torch's matmul {med['torch products'] * 1e3:.0f}; NumPy / torch "
+          f"{med['numpy products'] / med['torch products']:.2f}, ag / torch "
+          f"{med['ag products'] / med['torch products']:.2f}\n")
     for row in time_rows:
         goal(f"transformer step time, {row[0]}, ag / torch (median)", float(row[4]), GOAL,
              limited_by=time_limit(count, row[0], med))
