@@ -122,6 +122,42 @@ def test_gelu_relu_and_their_grads_are_bit_identical_for_any_number_of_workers(w
     assert_same_bits(each_worker_count(workers, step))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_layer_norm_and_its_grads_are_bit_identical_for_any_number_of_workers_and_unshared(workers, dtype,
+                                                                                          monkeypatch):
+    """Shared out by rows or not, the same roundings: rows on 1, 2 and 3 threads, and the whole op as one
+    pass below the threshold, give the same y, dx, dγ and dβ to the bit."""
+    r = rng()
+    x0 = (r.standard_normal((64, 8, 600)) * 3 + 1).astype(dtype)
+    g0, b0 = (r.standard_normal(600).astype(dtype) for _ in range(2))
+    dy = r.standard_normal(x0.shape).astype(dtype)
+    assert x0.size >= threads.MIN_PASS
+
+    def step():
+        x, g, b = (ag.Tensor(a, requires_grad=True) for a in (x0, g0, b0))
+        y = ag.layer_norm(x, g, b)
+        ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
+        return y.value, x.grad, g.grad, b.grad
+    results = each_worker_count(workers, step)
+    ran_on = set()
+    in_blocks = threads.in_blocks
+
+    def watched(block, *args, **kwargs):
+        def noted(start, stop):
+            ran_on.add((block.__name__, threading.get_ident()))
+            block(start, stop)
+        in_blocks(noted, *args, **kwargs)
+    monkeypatch.setattr(threads, "in_blocks", watched)
+    workers(2)
+    results.append(step())
+    shared = {name: sum(1 for n, _ in ran_on if n == name) for name in ("forward_rows", "backward_rows")}
+    assert shared == {"forward_rows": 2, "backward_rows": 2}, "layer_norm's rows were not shared among 2 threads"
+    monkeypatch.setattr(threads, "MIN_PASS", x0.size + 1)
+    results.append(step())
+    assert_same_bits(results)
+    assert results[0][1].dtype == dtype and np.isfinite(results[0][1]).all()
+
+
 def test_a_transformer_step_is_bit_identical_for_any_number_of_workers(workers):
     x0 = rng().standard_normal((128, 4, 256)).astype(np.float32)
 

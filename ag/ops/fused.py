@@ -22,29 +22,76 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
         raise ShapeError(f"layer_norm: gamma {gamma.shape} and beta {beta.shape} must both have "
                          f"shape ({x.shape[-1]},), the last dimension of x {x.shape}")
 
-    def normalized(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def normalized(v: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         wide = np.promote_types(v.dtype, np.float32)  # float16 statistics in float32
         mu = np.mean(v, axis=-1, keepdims=True, dtype=wide)
         inv_sigma = 1 / np.sqrt(np.var(v, axis=-1, keepdims=True, dtype=wide) + eps)
-        return ((v - mu) * inv_sigma).astype(v.dtype, copy=False), inv_sigma
+        if out is None:
+            return ((v - mu) * inv_sigma).astype(v.dtype, copy=False), inv_sigma
+        if v.dtype == wide:  # the same two roundings as above, into out
+            np.multiply(np.subtract(v, mu, out=out), inv_sigma, out=out)
+        else:
+            out[...] = (v - mu) * inv_sigma
+        return out, inv_sigma
 
-    y, _ = normalized(x.value)
+    if _by_rows(x.value):  # a row's statistics are its own: blocks of rows on ag's op threads
+        y = np.empty_like(x.value)
+        x2, y2 = x.value.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])
+
+        def forward_rows(start: int, stop: int) -> None:
+            normalized(x2[start:stop], y2[start:stop])
+        _threads.in_blocks(forward_rows, len(x2), x2.size, _threads.MIN_PASS)
+    else:
+        y, _ = normalized(x.value)
     y *= gamma.value
     y += beta.value
 
     def _backward(out: Tensor, saved: Saved) -> None:
-        x_hat, inv_sigma = normalized(saved[x])
-        dy = out.grad
+        dy, g_v = out.grad, saved[gamma]
+        if _by_rows(saved[x], dy):  # x̂ and dx by rows; the sums over rows (dγ, dβ) in one pass each
+            x2, dy2 = saved[x].reshape(-1, x.shape[-1]), dy.reshape(-1, x.shape[-1])
+            x_hat = np.empty_like(x2)
+            dx = np.empty_like(x2) if x.requires_grad else None
+
+            def backward_rows(start: int, stop: int) -> None:
+                xh, inv_sigma = normalized(x2[start:stop], x_hat[start:stop])
+                if dx is not None:
+                    _layer_norm_dx(dy2[start:stop], g_v, xh, inv_sigma, dx[start:stop])
+            _threads.in_blocks(backward_rows, len(x2), x2.size, _threads.MIN_PASS)
+            x_hat, dx = x_hat.reshape(x.shape), dx.reshape(x.shape) if dx is not None else None
+        else:
+            x_hat, inv_sigma = normalized(saved[x])
+            dx = _layer_norm_dx(dy, g_v, x_hat, inv_sigma) if x.requires_grad else None
         axes = tuple(range(x.ndim - 1))
         if gamma.requires_grad:
             accumulate_grad(gamma, np.sum(dy * x_hat, axis=axes))
         if beta.requires_grad:
             accumulate_grad(beta, np.sum(dy, axis=axes))
-        if x.requires_grad:
-            g = dy * saved[gamma]
-            dx = g - np.mean(g, axis=-1, keepdims=True) - x_hat * np.mean(g * x_hat, axis=-1, keepdims=True)
-            accumulate_grad(x, (dx * inv_sigma).astype(x.dtype, copy=False))
+        if dx is not None:
+            accumulate_grad(x, dx)
     return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
+
+
+def _by_rows(*arrays) -> bool:
+    """Whether a row-wise op on these arrays is shared out in blocks of rows: large C-contiguous
+    NumPy arrays (their 2-D views are views)."""
+    return arrays[0].size >= _threads.MIN_PASS and all(type(a) is np.ndarray and a.flags.c_contiguous
+                                                       for a in arrays)
+
+
+def _layer_norm_dx(dy, gamma, x_hat, inv_sigma, out=None):
+    """dx = (g - mean(g) - x̂·mean(g·x̂))/σ with g = dy·γ, row by row, in g's buffer; into ``out``
+    (x's dtype) if given."""
+    g = dy * gamma
+    mean_g, mean_gx = np.mean(g, axis=-1, keepdims=True), np.mean(g * x_hat, axis=-1, keepdims=True)
+    g -= mean_g
+    g -= x_hat * mean_gx
+    if out is None:
+        return (g * inv_sigma).astype(x_hat.dtype, copy=False)
+    if np.result_type(g, inv_sigma) == out.dtype:
+        return np.multiply(g, inv_sigma, out=out)
+    out[...] = g * inv_sigma
+    return out
 
 
 def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.ndarray | None = None) -> Tensor:
