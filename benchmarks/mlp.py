@@ -340,11 +340,10 @@ def profile(dtype: str, args, steps: int = 3) -> None:
 
 
 def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float, torch_products: float,
-               ag_products: float | None = None) -> str:
+               ag_products: float) -> str:
     """What a missed time goal is limited by, from the step's products timed alone (``products_alone``):
     NumPy's BLAS, where one call each is slower than torch's matmul; else ag's row blocks, where the
     products as ag runs them are slower than both; else the rest of the step."""
-    ag_products = numpy_products if ag_products is None else ag_products
     blas = f"{numpy_blas_name()}, {numpy_blas_kernels()}"
     share = f"the step's {count} products alone take {numpy_products:.1f} ms of ag's {ag_ms:.0f} on NumPy's BLAS"
     rest = f"{ag_ms - ag_products:.1f} ms outside them against torch's {torch_ms - torch_products:.1f}"

@@ -256,7 +256,7 @@ def time_limit(count: int, mode: str, med: dict[str, float]) -> str:
     than both; else the passes outside them; figures in ms from ``med``."""
     ms = {name: seconds * 1e3 for name, seconds in med.items()}
     numpy_ms, torch_ms = ms["numpy products"], ms["torch products"]
-    ag_ms = ms.get("ag products", numpy_ms)
+    ag_ms = ms["ag products"]
     rest = (f"outside them ag's step without recomputation takes {ms['ag none'] - ag_ms:.0f} ms, "
             f"torch's {ms['torch none'] - torch_ms:.0f}")
     reruns = "" if mode == "none" else f"; {mode} reruns some of them"
