@@ -34,7 +34,7 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
             out[...] = (v - mu) * inv_sigma
         return out, inv_sigma
 
-    if _by_rows(x.value):  # a row's statistics are its own: blocks of rows on ag's op threads
+    if _threads.shareable(x.value):  # a row's statistics are its own: blocks of rows on ag's op threads
         y = np.empty_like(x.value)
         x2, y2 = x.value.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])
 
@@ -48,7 +48,7 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> None:
         dy, g_v = out.grad, saved[gamma]
-        if _by_rows(saved[x], dy):  # x̂ and dx by rows; the sums over rows (dγ, dβ) in one pass each
+        if _threads.shareable(saved[x], dy):  # x̂ and dx by rows; the sums over rows (dγ, dβ) in one pass each
             x2, dy2 = saved[x].reshape(-1, x.shape[-1]), dy.reshape(-1, x.shape[-1])
             x_hat = np.empty_like(x2)
             dx = np.empty_like(x2) if x.requires_grad else None
@@ -70,13 +70,6 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
         if dx is not None:
             accumulate_grad(x, dx)
     return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
-
-
-def _by_rows(*arrays) -> bool:
-    """Whether a row-wise op on these arrays is shared out in blocks of rows: large C-contiguous
-    NumPy arrays (their 2-D views are views)."""
-    return arrays[0].size >= _threads.MIN_PASS and all(type(a) is np.ndarray and a.flags.c_contiguous
-                                                       for a in arrays)
 
 
 def _layer_norm_dx(dy, gamma, x_hat, inv_sigma, out=None):

@@ -166,13 +166,20 @@ def in_blocks(block: Callable[[int, int], None], n: int, size: int, minimum: int
         raise errors[0]
 
 
-def elementwise(passes: Callable[..., None], *arrays) -> None:
-    """``passes(*arrays)``, in blocks of elements on ag's op threads when the arrays are large,
-    of one shape, and C-contiguous NumPy arrays (so their flat views are views)."""
+def shareable(*arrays) -> bool:
+    """Whether a pass over these arrays is cut into blocks: they are large (``MIN_PASS`` elements,
+    tested first, as the cheapest), of one shape, and C-contiguous NumPy arrays (so their flat and
+    row views are views)."""
     first = arrays[0]
-    if first.size < MIN_PASS or not all(type(x) is np.ndarray and x.flags.c_contiguous
-                                        and x.shape == first.shape for x in arrays):
+    return first.size >= MIN_PASS and all(type(x) is np.ndarray and x.flags.c_contiguous
+                                          and x.shape == first.shape for x in arrays)
+
+
+def elementwise(passes: Callable[..., None], *arrays) -> None:
+    """``passes(*arrays)``, in blocks of elements on ag's op threads when they are ``shareable``."""
+    if not shareable(*arrays):
         passes(*arrays)
         return
+    first = arrays[0]
     flat = [x.reshape(-1) for x in arrays]
     in_blocks(lambda start, stop: passes(*(f[start:stop] for f in flat)), first.size, first.size, MIN_PASS)
