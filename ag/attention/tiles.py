@@ -8,14 +8,13 @@ from dataclasses import replace
 import numpy as np
 
 from ..modes import config
+from ..ops.reductions import exp_flushed
 from ..trace import count_matmul
 from .shapes import Heads
 
 LOG2_E = 1.0 / math.log(2.0)
 # NumPy's float exp2 keeps its fast path for |x| up to about 126: log2 e · 80 is 115.4
 EXP2_SAFE = 80.0
-# e^x is a subnormal number below x = ln(tiny): -87.3 in float32, -708.4 in float64
-EXP_FLOOR = {np.dtype(t): math.log(np.finfo(t).tiny) for t in (np.float32, np.float64)}
 
 
 class Tiles:
@@ -107,15 +106,11 @@ class Tiles:
 
     @staticmethod
     def exp(s: np.ndarray) -> np.ndarray:
-        """P = e^S in place, every score below ``EXP_FLOOR`` set to -inf first, so that its e^S is 0
-        rather than a subnormal number. An Intel Xeon takes 14 times as long over a tile of
-        subnormal results (822 µs against 58), and a step of peaked attention took 9 times as long
-        there (BENCHMARKS.md, "History"); AMD's Zen 4 takes no such penalty. Finding no such score
-        costs one min over the tile, an eighth of the exp; a NaN stays NaN."""
-        floor = EXP_FLOOR.get(s.dtype)
-        if floor is not None and s.size and np.fmin.reduce(s, axis=None) < floor:
-            np.copyto(s, -np.inf, where=s < floor)
-        return np.exp(s, out=s)
+        """P = e^S in place, 0 where e^S would be a subnormal number (``ops.reductions.exp_flushed``),
+        which an Intel Xeon computes 14 times as slowly: a step of peaked attention took 9 times as
+        long there (BENCHMARKS.md, "History"). Finding no such score costs one min over the tile, an
+        eighth of the exp."""
+        return exp_flushed(s)
 
     @staticmethod
     def row_max(s: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from . import threads as _threads
 from .operands import operand as _operand
-from .reductions import divide_by_row_sums, finite_max as _finite_max, softmax_grad as _softmax_grad
+from .reductions import divide_by_row_sums, exp_flushed as _exp_flushed, finite_max as _finite_max, \
+    softmax_grad as _softmax_grad
 
 
 def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
@@ -125,10 +126,13 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
     scale = s.dtype.type(scale)
 
     def softmax_rows(y_) -> None:  # y_ holds scale · s on entry
+        # the least score before the mask, less the greatest row max, bounds the shifted scores
+        lowest = np.fmin.reduce(y_, axis=None) if type(y_) is np.ndarray and y_.size else None
         if causal:  # a temporary of this pass: held for the whole op, it raised the op's peak
             np.copyto(y_, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])
-        y_ -= _finite_max(y_, (y_.ndim - 1,)).astype(y_.dtype, copy=False)
-        np.exp(y_, out=y_)
+        m = _finite_max(y_, (y_.ndim - 1,)).astype(y_.dtype, copy=False)
+        y_ -= m
+        _exp_flushed(y_, None if lowest is None else lowest - np.max(m))
         divide_by_row_sums(y_, -1)
     if type(s.value) is np.ndarray and s.value.flags.c_contiguous:  # the stack of (n_q, n_k) as views
         y = np.empty_like(s.value)
