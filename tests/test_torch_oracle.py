@@ -222,6 +222,9 @@ def test_exp_flushed_trusts_a_lower_bound_it_is_given(dtype):
     np.testing.assert_array_equal(exp_flushed(x.copy()), np.exp(x) * [1, 1, 0])
     np.testing.assert_array_equal(exp_flushed(x.copy(), lowest=floor - 5.0), np.exp(x) * [1, 1, 0])
     assert exp_flushed(x.copy(), lowest=0.0)[2] > 0  # a bound above the floor: no min, no flush
+    masked = np.append(x, -np.inf).astype(dtype)  # a -inf, a mask: the softmax family's ops do not look further
+    assert exp_flushed(masked.copy(), flush_masked=False)[2] > 0
+    np.testing.assert_array_equal(exp_flushed(masked.copy()), np.exp(masked) * [1, 1, 0, 0])
     # the floor's next number, which flushed entries are raised to, has a normal e^x in NumPy's
     # vector loop too; the floor is ln(tiny) rounded down
     assert np.all(np.exp(np.full(64, np.nextafter(floor, dtype(0)))) >= np.finfo(dtype).tiny)

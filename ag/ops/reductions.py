@@ -122,19 +122,24 @@ def finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return np.where(np.isfinite(m), m, 0).astype(x.dtype, copy=False)
 
 
-def exp_flushed(x, lowest=None):
+def exp_flushed(x, lowest=None, flush_masked: bool = True):
     """e^x in x's buffer, and 0 where x <= ``EXP_FLOOR``, where e^x would be a subnormal number.
     An Intel Xeon computes a subnormal e^x 14 times as slowly (822 µs against 58 over a 2 x 256 x
     256 float32 tile), and the shifted scores of a peaked softmax give many; AMD's Zen 4 takes no
     such penalty (BENCHMARKS.md, "History"). Such an x is raised to the floor's next number, whose
     e^x is normal, and its result multiplied by 0: passes without a branch, where a masked write
-    took 8 times an exp's time over scattered entries on Zen 4. Finding no such x costs one min over x; a
-    lower bound on x's finite entries known beforehand, ``lowest``, saves it. A NaN stays NaN. Only
-    NumPy's float32 and float64 arrays are flushed: a GPU takes no such penalty."""
+    took 8 times an exp's time over scattered entries on Zen 4. Finding no such x costs one min
+    over x; a lower bound on x's finite entries known beforehand, ``lowest``, saves it. With
+    ``flush_masked=False`` an x holding -inf (a mask) is not flushed: telling its -inf from a finite x
+    below the floor costs as much as the exp, and the flush as much again (a causal naive attention
+    step took 8% longer). A NaN stays NaN. Only NumPy's float32 and float64 arrays are flushed: a
+    GPU takes no such penalty."""
     floor = EXP_FLOOR.get(x.dtype) if type(x) is np.ndarray else None
     if floor is not None and x.size:
         if lowest is None:
             lowest = np.fmin.reduce(x, axis=None)
+            if lowest == -np.inf and not flush_masked:
+                lowest = floor + 1
         if lowest <= floor:
             keep = x > floor  # False for a NaN, whose product with 0 stays NaN
             np.maximum(x, np.nextafter(floor, x.dtype.type(0)), out=x)
@@ -147,13 +152,14 @@ def exp_flushed(x, lowest=None):
 def _logsumexp(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     m = finite_max(x, axes)
     with np.errstate(divide="ignore"):  # the sum holds e^0 = 1: a flushed term could not change it
-        out = m + np.log(np.sum(exp_flushed(x - m), axis=axes, keepdims=True))
+        out = m + np.log(np.sum(exp_flushed(x - m, flush_masked=False), axis=axes, keepdims=True))
     return out if keepdims else np.squeeze(out, axes)
 
 
 def _exp_shifted(x: np.ndarray, lse: np.ndarray) -> np.ndarray:
     """exp(x - lse), taking -inf - (-inf) as -inf (a row with nothing in it gets probability 0)."""
-    return exp_flushed(x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)) * np.isfinite(lse)
+    shifted = x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)
+    return exp_flushed(shifted, flush_masked=False) * np.isfinite(lse)
 
 
 def softmax_grad(out: Tensor, y: np.ndarray, axis: int, scale=None) -> np.ndarray:
@@ -202,7 +208,7 @@ def softmax(a, axis: int = -1) -> Tensor:
     a = _operand("softmax", a)
     ax = _axis("softmax", axis, a.ndim)
     y = a.value - finite_max(a.value, (ax,))
-    exp_flushed(y)
+    exp_flushed(y, flush_masked=False)
     divide_by_row_sums(y, ax)
 
     def _backward(out: Tensor, saved: Saved) -> None:
@@ -217,5 +223,6 @@ def log_softmax(a, axis: int = -1) -> Tensor:
     value = a.value - _logsumexp(a.value, (ax,), keepdims=True)
 
     def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad - exp_flushed(saved[out].copy()) * np.sum(out.grad, axis=ax, keepdims=True))
+        p = exp_flushed(saved[out].copy(), flush_masked=False)
+        accumulate_grad(a, out.grad - p * np.sum(out.grad, axis=ax, keepdims=True))
     return make_output(value, "log_softmax", (a,), _backward, saves_output=True)
