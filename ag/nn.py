@@ -32,6 +32,7 @@ import numpy as np
 from . import memory_model, ops, remat
 from .attention import flash_attention
 from .discard import release_unneeded
+from .ops.fused import keep_mask
 from .tensor import Tensor
 
 
@@ -106,7 +107,7 @@ class Dropout(Module):
             return ops.dropout(x, self.p, rng)
         # this rank's piece of the mask the whole (unsharded) tensor would get
         full_shape, index = self.shard(x.shape)
-        mask = (rng.random(full_shape, dtype=np.float32) >= self.p)[index].copy()
+        mask = keep_mask(rng, full_shape, self.p)[index].copy()
         return ops.dropout(x, self.p, mask=mask)
 
 

@@ -421,9 +421,10 @@ def parse_args() -> argparse.Namespace:
 
 GOAL = 1.10  # issue 14: ag / torch, in time and in peak memory, in every mode
 LIMITS = {
-    "time": ("ag still runs some passes on one core (dropout, the residual adds, the bias grads, the head "
-             "copies): the products, softmax, GeLU and layer norm are shared among the cores "
-             "(ag.set_workers), the rest not; torch runs every pass on both (BENCHMARKS.md)"),
+    "time": ("ag still runs some passes on one core (the residual adds, the bias grads, the head copies, "
+             "dropout's x * mask): the products, softmax, GeLU, layer norm and dropout's mask and backward "
+             "are shared among the cores (ag.set_workers), the rest not; torch runs every pass on both "
+             "(BENCHMARKS.md)"),
     "memory none": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory selective": "the temporaries of NumPy's elementwise passes, which torch fuses or runs in place",
     "memory full": "the rerun layer's recomputed activations alive beside its backward's grads and temporaries",

@@ -174,6 +174,30 @@ def test_dropout_gradient_uses_the_forward_mask(rng):
     assert 0.6 < kept.mean() < 0.8
 
 
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9])
+def test_keep_mask_keeps_each_element_with_probability_1_minus_p_and_its_chunks_differ(p, monkeypatch):
+    from ag.ops import fused
+    monkeypatch.setattr(fused, "MASK_CHUNK", 1 << 14)
+    n = 1 << 20
+    mask = fused.keep_mask(np.random.default_rng(0), (n,), p)
+    assert mask.dtype == np.bool_ and mask.shape == (n,)
+    sigma = np.sqrt(n * p * (1 - p))
+    assert abs(mask.sum() - n * (1 - p)) <= 6 * sigma, (mask.sum(), n * (1 - p))
+    if p:
+        chunks = mask.reshape(-1, 1 << 14)
+        assert len({c.tobytes() for c in chunks}) == len(chunks)  # each chunk its own generator's draws
+        runs = np.mean(mask[1:] == mask[:-1])  # neighbours independent: P(equal) = p² + (1 - p)²
+        assert abs(runs - (p * p + (1 - p) ** 2)) < 0.01
+
+
+def test_keep_mask_is_fixed_by_the_generator_and_advances_it():
+    from ag.ops.fused import keep_mask
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    first = keep_mask(a, (40, 50), 0.3)
+    np.testing.assert_array_equal(first, keep_mask(b, (40, 50), 0.3))
+    assert not np.array_equal(first, keep_mask(a, (40, 50), 0.3))
+
+
 @pytest.mark.oracle
 def test_layer_norm_matches_torch(rng, torch_or_skip):
     torch = torch_or_skip

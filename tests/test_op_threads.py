@@ -158,6 +158,45 @@ def test_layer_norm_and_its_grads_are_bit_identical_for_any_number_of_workers_an
     assert results[0][1].dtype == dtype and np.isfinite(results[0][1]).all()
 
 
+def test_dropout_its_mask_and_grad_are_bit_identical_for_any_number_of_workers_and_unshared(workers,
+                                                                                        monkeypatch):
+    """The mask's chunks, each from its own generator, and the backward's passes, shared on 1, 2 and 3
+    threads or not at all, give the same mask, y and dx to the bit."""
+    from ag.ops import fused
+    monkeypatch.setattr(fused, "MASK_CHUNK", 10007)  # many chunks, each an odd count of 32-bit draws
+    r = rng()
+    x0 = r.standard_normal((64, 8, 600)).astype(np.float32)
+    dy = r.standard_normal(x0.shape).astype(np.float32)
+    assert x0.size >= threads.MIN_PASS
+
+    def step():
+        x = ag.Tensor(x0, requires_grad=True)
+        y = ag.dropout(x, 0.25, np.random.default_rng(7))
+        ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
+        return y.value, x.grad, fused.keep_mask(np.random.default_rng(8), x0.shape, 0.25)
+    results = each_worker_count(workers, step)
+    ran_on = set()
+    in_blocks = threads.in_blocks
+
+    def watched(block, *args, **kwargs):
+        def noted(start, stop):
+            ran_on.add((block.__name__, threading.get_ident()))
+            block(start, stop)
+        in_blocks(noted, *args, **kwargs)
+    monkeypatch.setattr(threads, "in_blocks", watched)
+    workers(2)
+    results.append(step())
+    shared = {name: sum(1 for n, _ in ran_on if n == name) for name in ("chunks", "<lambda>")}
+    assert shared == {"chunks": 2, "<lambda>": 2}, "the mask's chunks or the backward's passes ran on one thread"
+    monkeypatch.setattr(threads, "MIN_PASS", x0.size + 1)
+    results.append(step())
+    assert_same_bits(results)
+    y, dx, _ = results[0]
+    kept = y != 0
+    np.testing.assert_array_equal(y, np.where(kept, x0 * np.float32(1 / 0.75), 0))
+    np.testing.assert_array_equal(dx, np.where(kept, dy * np.float32(1 / 0.75), 0))
+
+
 def test_a_transformer_step_is_bit_identical_for_any_number_of_workers(workers):
     x0 = rng().standard_normal((128, 4, 256)).astype(np.float32)
 

@@ -1,6 +1,8 @@
 """The transformer's fused ops (layer_norm, dropout, scaled_masked_softmax), each saving exactly what backward reads."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..arrays import array_module
@@ -88,27 +90,56 @@ def _layer_norm_dx(dy, gamma, x_hat, inv_sigma, out=None):
     return out
 
 
+# a dropout mask's elements drawn by one generator: this cut, not the workers', fixes the mask
+MASK_CHUNK = 1 << 19
+
+
+def keep_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float) -> np.ndarray:
+    """A Bernoulli(1 - p) boolean array of ``shape``, on the host: an element is kept where a
+    uniform 32-bit integer is at least p · 2^32, rounded. ``rng`` gives one seed; chunk c of
+    ``MASK_CHUNK`` elements is drawn from its own PCG64 seeded with (seed, c), so the chunks are
+    shared out on ag's op threads (``random_raw`` lets go of the GIL) and the mask is the same for
+    any number of workers. For 2^23 elements on Zen 4, ``rng.random(shape) >= p`` took 25.6 ms,
+    this 10.5 on one worker and 8.0 on two."""
+    n = math.prod(shape)
+    threshold = min(round(p * 2.0 ** 32), 2 ** 32 - 1)
+    seed = int(rng.integers(2 ** 63))
+    mask = np.empty(n, np.bool_)
+
+    def chunks(first: int, stop: int) -> None:
+        for c in range(first, stop):
+            start, end = c * MASK_CHUNK, min(n, (c + 1) * MASK_CHUNK)
+            raw = np.random.PCG64((seed, c)).random_raw(-(-(end - start) // 2)).view(np.uint32)
+            np.greater_equal(raw[:end - start], threshold, out=mask[start:end])
+    _threads.in_blocks(chunks, -(-n // MASK_CHUNK), n, _threads.MIN_PASS)
+    return mask.reshape(shape)
+
+
 def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.ndarray | None = None) -> Tensor:
     """y = x ∘ mask / (1 - p) with mask ~ Bernoulli(1 - p), one byte an element;  dx = dy ∘ mask / (1 - p).
     Saves only the boolean mask (in the closure): x itself is not needed. The mask is drawn
-    from ``rng``, or given (a boolean array of x's shape)."""
+    from ``rng`` (``keep_mask``), or given (a boolean array of x's shape). A large one's mask and
+    its backward's passes are shared out on ag's op threads."""
     x = _operand("dropout", x)
     if not 0 <= p < 1:
         raise ValueError(f"dropout: p must be in [0, 1), got {p!r}")
     if mask is None:
         if rng is None:
             raise ValueError("dropout: give rng (a numpy Generator) or a mask")
-        mask = array_module(x.value).asarray(rng.random(x.shape, dtype=np.float32) >= p)
+        mask = array_module(x.value).asarray(keep_mask(rng, x.shape, p))
     elif mask.dtype != np.bool_ or mask.shape != x.shape:
         raise ShapeError(f"dropout: mask must be boolean of shape {x.shape}, got {mask.dtype} {mask.shape}")
     keep = x.dtype.type(1 / (1 - p))
-    y = x.value * mask
+    y = x.value * mask  # on one thread: two threads faulting in y's new pages took longer than one
     y *= keep
 
     def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)
-        g *= mask
-        g *= keep
+
+        def scaled(g_, mask_) -> None:
+            g_ *= mask_
+            g_ *= keep
+        _threads.elementwise(scaled, g, mask)
         accumulate_grad(x, g)
     return make_output(y, "dropout", (x,), _backward)
 
