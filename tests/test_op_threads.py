@@ -48,6 +48,28 @@ def assert_same_bits(results):
             assert np.array_equal(a, b, equal_nan=True), "results differ between thread counts"
 
 
+def runs_shared_and_not(monkeypatch, workers, step, size, names):
+    """step()'s results on 1, 2 and 3 workers, on 2 again while watching which threads ran the
+    blocks named (a block is named by the function its op shares), and unshared (``MIN_PASS``
+    above ``size``); and how many threads ran each named block."""
+    results = each_worker_count(workers, step)
+    ran_on = set()
+    in_blocks = threads.in_blocks
+
+    def watched(block, *args, **kwargs):
+        def noted(start, stop):
+            ran_on.add((block.__name__, threading.get_ident()))
+            block(start, stop)
+        in_blocks(noted, *args, **kwargs)
+    monkeypatch.setattr(threads, "in_blocks", watched)
+    workers(2)
+    results.append(step())
+    monkeypatch.setattr(threads, "in_blocks", in_blocks)
+    monkeypatch.setattr(threads, "MIN_PASS", size + 1)
+    results.append(step())
+    return results, {name: sum(1 for n, _ in ran_on if n == name) for name in names}
+
+
 def rng():
     return np.random.default_rng(0)
 
@@ -138,22 +160,8 @@ def test_layer_norm_and_its_grads_are_bit_identical_for_any_number_of_workers_an
         y = ag.layer_norm(x, g, b)
         ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
         return y.value, x.grad, g.grad, b.grad
-    results = each_worker_count(workers, step)
-    ran_on = set()
-    in_blocks = threads.in_blocks
-
-    def watched(block, *args, **kwargs):
-        def noted(start, stop):
-            ran_on.add((block.__name__, threading.get_ident()))
-            block(start, stop)
-        in_blocks(noted, *args, **kwargs)
-    monkeypatch.setattr(threads, "in_blocks", watched)
-    workers(2)
-    results.append(step())
-    shared = {name: sum(1 for n, _ in ran_on if n == name) for name in ("forward_rows", "backward_rows")}
+    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("forward_rows", "backward_rows"))
     assert shared == {"forward_rows": 2, "backward_rows": 2}, "layer_norm's rows were not shared among 2 threads"
-    monkeypatch.setattr(threads, "MIN_PASS", x0.size + 1)
-    results.append(step())
     assert_same_bits(results)
     assert results[0][1].dtype == dtype and np.isfinite(results[0][1]).all()
 
@@ -174,22 +182,8 @@ def test_dropout_its_mask_and_grad_are_bit_identical_for_any_number_of_workers_a
         y = ag.dropout(x, 0.25, np.random.default_rng(7))
         ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
         return y.value, x.grad, fused.keep_mask(np.random.default_rng(8), x0.shape, 0.25)
-    results = each_worker_count(workers, step)
-    ran_on = set()
-    in_blocks = threads.in_blocks
-
-    def watched(block, *args, **kwargs):
-        def noted(start, stop):
-            ran_on.add((block.__name__, threading.get_ident()))
-            block(start, stop)
-        in_blocks(noted, *args, **kwargs)
-    monkeypatch.setattr(threads, "in_blocks", watched)
-    workers(2)
-    results.append(step())
-    shared = {name: sum(1 for n, _ in ran_on if n == name) for name in ("chunks", "<lambda>")}
+    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("chunks", "<lambda>"))
     assert shared == {"chunks": 2, "<lambda>": 2}, "the mask's chunks or the backward's passes ran on one thread"
-    monkeypatch.setattr(threads, "MIN_PASS", x0.size + 1)
-    results.append(step())
     assert_same_bits(results)
     y, dx, _ = results[0]
     kept = y != 0
