@@ -135,18 +135,17 @@ def exp_flushed(x, lowest=None, flush_masked: bool = True):
     step took 8% longer). A NaN stays NaN. Only NumPy's float32 and float64 arrays are flushed: a
     GPU takes no such penalty."""
     floor = EXP_FLOOR.get(x.dtype) if type(x) is np.ndarray else None
-    if floor is not None and x.size:
-        if lowest is None:
-            lowest = np.fmin.reduce(x, axis=None)
-            if lowest == -np.inf and not flush_masked:
-                lowest = floor + 1
-        if lowest <= floor:
-            keep = x > floor  # False for a NaN, whose product with 0 stays NaN
-            np.maximum(x, np.nextafter(floor, x.dtype.type(0)), out=x)
-            np.exp(x, out=x)
-            x *= keep
-            return x
-    return np.exp(x, out=x)
+    if floor is None or not x.size:
+        return np.exp(x, out=x)
+    if lowest is None:
+        lowest = np.fmin.reduce(x, axis=None)
+    if not lowest <= floor or (lowest == -np.inf and not flush_masked):  # not: a NaN lowest is no flush
+        return np.exp(x, out=x)
+    keep = x > floor  # False for a NaN, whose product with 0 stays NaN
+    np.maximum(x, np.nextafter(floor, x.dtype.type(0)), out=x)
+    np.exp(x, out=x)
+    x *= keep
+    return x
 
 
 def _logsumexp(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
