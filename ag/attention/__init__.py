@@ -22,12 +22,12 @@ One concept a module:
 - ``online``: the online softmax's block merge (exercise 3);
 - ``tiles``: one tiled call's tiles and the arithmetic both loops share (``Tiles``);
 - ``forward``: Algorithm 1, ``tiled_forward`` (exercise 4) and ``fixed_shift_forward``;
-- ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5);
+- ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5) and ``base2_backward``;
 - ``sharing``: one call cut into runs of heads and shared among threads;
 - ``flash``: ``flash_attention``, the loops as one op, on NumPy or on the GPU;
 - ``gpu``: the CUDA kernels (``kernels/*.cu``) through CuPy, imported lazily.
 """
-from .backward import tiled_backward
+from .backward import base2_backward, tiled_backward
 from .flash import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED, DEFAULT_BLOCK_Q,
                     DEFAULT_BLOCK_Q_FORWARD_UNMASKED, SHIFTS, flash_attention)
 from .forward import fixed_shift_forward, tiled_forward
@@ -38,6 +38,6 @@ from .tiles import EXP2_SAFE, LOG2_E, Tiles
 __all__ = [
     "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_K_FORWARD_UNMASKED", "DEFAULT_BLOCK_Q",
     "DEFAULT_BLOCK_Q_FORWARD_UNMASKED", "EXP2_SAFE", "LOG2_E", "SHIFTS", "SoftmaxBlock", "Tiles",
-    "fixed_shift_forward", "flash_attention", "merge_softmax_blocks", "naive_attention",
+    "base2_backward", "fixed_shift_forward", "flash_attention", "merge_softmax_blocks", "naive_attention",
     "online_softmax", "softmax_block", "tiled_backward", "tiled_forward",
 ]

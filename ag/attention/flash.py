@@ -9,7 +9,7 @@ import numpy as np
 from ..arrays import array_module
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 from . import sharing
-from .backward import tiled_backward
+from .backward import base2_backward, tiled_backward
 from .forward import fixed_shift_forward, tiled_forward
 from .shapes import check_block, check_causal, check_shapes, softmax_scale
 from .tiles import Tiles, forward_outputs
@@ -52,12 +52,14 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     (``pip install 'ag[fast]'``) it is 1, on the caller's thread with BLAS as it is. Runs are
     independent, so the result is bit-identical for any number of workers.
 
-    ``shift`` (NumPy path, forward): what is subtracted from the scores before exp. ``"running"`` is
+    ``shift`` (NumPy path): what the forward subtracts from the scores before exp. ``"running"`` is
     the paper's running row max m_i (``tiled_forward``: a max, a subtract and an exp pass over each
-    tile). ``"fixed"`` (the default) subtracts nothing, since softmax does not depend on the shift: one
+    tile), and the backward is the paper's too (``tiled_backward``): exercises 4 and 5's loops.
+    ``"fixed"`` (the default) subtracts nothing, since softmax does not depend on the shift: one
     exp pass a tile (``fixed_shift_forward``; exp2 where the scores are known to be small), checked
     after each query tile, whose rows are redone with the running max where a score left exp's
-    range. The backward needs no shift: it reads L.
+    range. Its backward, which reads L and needs no shift, takes exp2 where the scores allow
+    (``base2_backward``).
 
     A probability e^(S - shift) below the float's smallest normal number (1.2e-38 in float32) is
     taken as 0 (``Tiles.exp``): an Intel core computes a subnormal result 14 times as slowly.
@@ -89,9 +91,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
 
 def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int | None, block_k: int | None,
                   workers: int | None = None, shift: str = "fixed"):
-    """Forward and backward on NumPy: ``fixed_shift_forward`` (or ``tiled_forward``) and
-    ``tiled_backward`` over one call's tiles, run by run (some key/value heads each) on ``workers``
-    threads."""
+    """Forward and backward on NumPy: ``fixed_shift_forward`` and ``base2_backward`` (or, with
+    ``shift="running"``, ``tiled_forward`` and ``tiled_backward``) over one call's tiles, run by run
+    (some key/value heads each) on ``workers`` threads."""
     if any(array_module(t.value) is not np for t in (tq, tk, tv)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
@@ -124,12 +126,12 @@ def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: in
     def backward(q, k, v, o, lse, do):
         # each run adds into its heads' share of grads in the inputs' own shapes: no joining copy
         grads = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+        loop = base2_backward if shift == "fixed" else tiled_backward
 
         def run_loop(own: Tiles, run: sharing.Run) -> None:
             g = heads.group
-            tiled_backward(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g),
-                           run.part(lse, g, axis=-2), run.part(do, g),
-                           grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
+            loop(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g), run.part(lse, g, axis=-2),
+                 run.part(do, g), grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
         # each thread allocates its S buffer in its first loop, once D's temporary is gone
         _each_run(*_shared_out(tiles, q.dtype, threads), run_loop, hold_blas=asked > 1)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q

@@ -104,6 +104,36 @@ class Tiles:
         s = self.scores(q_i, k_j, q_start, k_start)
         return np.exp(s, out=s) if q2_i is not None else self.exp(s)  # bounded: no score below -80
 
+    def shift_bounded(self, qg: np.ndarray, kg: np.ndarray, lse_g: np.ndarray) -> list[bool]:
+        """For each query tile of a backward: does every visible S_ij - L_i lie within -``EXP2_SAFE``
+        and 0? S_ij ≥ -scale · ‖q_i‖ · max ‖k_j‖ (Cauchy-Schwarz) and L_i, the row's logsumexp, is at
+        least its every score and at most the tile's largest L. A row that saw nothing (L = +inf
+        here) or a NaN anywhere makes it False."""
+        norms = np.sqrt(np.einsum("...j,...j->...", qg, qg))
+        longest_key = longest_row(kg) * self.scale
+        bounded = []
+        for q_start in range(0, self.heads.n_q, self.block_q):
+            rows = slice(q_start, q_start + self.block_q)
+            lowest = (float(np.max(norms[..., rows], initial=0.0)) * longest_key
+                      + float(np.max(lse_g[..., rows, :], initial=-np.inf)))
+            bounded.append(lowest <= EXP2_SAFE)
+        return bounded
+
+    def exp_shifted_scores(self, q_i: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
+                           lse: tuple[np.ndarray, np.ndarray | None], q_start: int, k_start: int,
+                           bounded: bool) -> np.ndarray:
+        """P_ij = e^(S_ij - L_i), masked entries 0, in S_ij's buffer, from unscaled q_i and
+        keys = (scale · K_j, log2 e · scale · K_j), lse = (L_i, log2 e · L_i). A tile that
+        ``shift_bounded`` bounds takes exp2 without a mask, and exp with one, neither checked for
+        a subnormal result (none can come: e^-80 is normal); any other, ``exp`` and its flush."""
+        if bounded and not self.masked(q_start, k_start, keys[1].shape[-2]):
+            s = self.scores(q_i, keys[1], q_start, k_start)
+            s -= lse[1]
+            return np.exp2(s, out=s)
+        s = self.scores(q_i, keys[0], q_start, k_start)
+        s -= lse[0]
+        return np.exp(s, out=s) if bounded else self.exp(s)
+
     @staticmethod
     def exp(s: np.ndarray) -> np.ndarray:
         """P = e^S in place, 0 where e^S would be a subnormal number (``ops.reductions.exp_flushed``),
