@@ -205,3 +205,14 @@ def test_a_query_tile_stops_at_the_key_tile_that_overflows_and_is_redone(redone,
     running = flash_attention(q, k, v, block_q=16, block_k=16, shift="running")
     np.testing.assert_array_equal(fixed, running)
     np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
+
+
+def test_float16_takes_the_running_max_at_once_where_no_row_sum_could_pass_the_check(redone):
+    import warnings
+    q, k, v = (x.astype(np.float16) for x in qkv(40, 40, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow in the check's bound was a RuntimeWarning
+        fixed = flash_attention(q, k, v, causal=True, block_q=16, block_k=8)
+    assert set(redone) == {(0, 40)}  # every run's rows at once, no query tile redone alone
+    np.testing.assert_array_equal(fixed, flash_attention(q, k, v, causal=True, block_q=16, block_k=8,
+                                                         shift="running"))
