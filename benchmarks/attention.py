@@ -430,7 +430,7 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
     which = ("its seven products a tile (the forward's QK^T and PV; the backward's QK^T, dO V^T, P^T dO, dS^T Q "
              "and dS K, each with K, N or M = d = 64)" if step else
              "its two products (QK^T and PV, sgemm with K = d = 64 or with N = d)")
-    passes = ("the forward's exp pass and the backward's over each tile (P = exp(S - L), dS = P * (dP - D)), "
+    passes = ("the forward's exp pass and the backward's over each tile (P = exp2(S - L) in base 2 where bounded, dS = P * (dP - D)), "
               "the adds into dK, dV and dQ" if step else
               "the exp pass over each tile (exp2 where the scores are bounded; with the default fixed shift, "
               "no max or subtract pass) and its row sum")
@@ -612,8 +612,9 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
          "acc *= α; acc += P V_j", inplace_acc),
         ("fixed", "default forward: P = exp2(log2 e · S, out=S)", lambda: np.exp2(s, out=buf),
          "exp(S, out=S) (a masked or unbounded tile)", lambda: np.exp(s, out=buf)),
-        ("bwd", "P = exp(S - L_i, out=S)", lambda: np.exp(s - t["m"], out=buf), "S -= L_i; exp(S, out=S)",
-         lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
+        ("bwd", "default backward: S -= L_i; P = exp2(S, out=S)",
+         lambda: (np.subtract(s, t["m"], out=buf), np.exp2(buf, out=buf)),
+         "exp(S, out=S) (a masked or unbounded tile)", lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
         ("bwd", "dV_j += Σ_group Pᵀ dO_i", lambda: np.add(t["dv"], np.sum(np.matmul(sw(p, -1, -2), t["do_i"]),
                                                                             axis=-3, keepdims=True), out=t["dv"]),
          "no Σ when group = 1", lambda: np.add(t["dv"], np.matmul(sw(p, -1, -2), t["do_i"]), out=t["dv"])),
