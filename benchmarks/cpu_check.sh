@@ -7,7 +7,7 @@
 #
 #   env.txt        the CPU (lscpu), whether the pinned CPUs share a physical core (thread siblings),
 #                  Python, NumPy and its BLAS, torch
-#   attention.txt  benchmarks/attention.py at N = 4096 (3 turns), then its anatomy (one tile, each call)
+#   attention.txt  benchmarks/attention.py at N = 2048 and 4096 (5 turns), then its anatomy (a tile's calls)
 #   transformer.txt benchmarks/transformer.py --no-memory --repeats 3
 #   mlp.txt        benchmarks/mlp.py --no-memory --repeats 3
 #   quick.txt      benchmarks/run_all.py --quick: every goal line at small sizes
@@ -67,7 +67,7 @@ EOF
 }
 
 step env 30 env_report
-step attention 240 "${PIN[@]}" "$PY" benchmarks/attention.py --sizes 4096 --repeats 3 --naive-repeats 1 \
+step attention 240 "${PIN[@]}" "$PY" benchmarks/attention.py --sizes 2048,4096 --repeats 5,5 --naive-repeats 1,1 \
   --skip sweep,memory
 step transformer 150 "${PIN[@]}" "$PY" benchmarks/transformer.py --no-memory --repeats 3
 step mlp 120 "${PIN[@]}" "$PY" benchmarks/mlp.py --no-memory --repeats 3
