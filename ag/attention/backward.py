@@ -69,11 +69,11 @@ def base2_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     for k_start in range(0, h.n_k, tiles.block_k):
         cols = slice(k_start, k_start + tiles.block_k)
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
-        keys = k_j * real(tiles.scale), k_j * real(tiles.scale * LOG2_E)
+        keys = k_j * real(tiles.scale), None if lse2_g is None else k_j * real(tiles.scale * LOG2_E)
         for q_start in tiles.query_tiles(k_start):
             rows = slice(q_start, q_start + tiles.block_q)
             q_i, do_i = qg[..., rows, :], dog[..., rows, :]
-            lse_i = lse_g[..., rows, :], None if lse2_g is None else lse2_g[..., rows, :]
+            lse_i = (lse_g[..., rows, :], None if lse2_g is None else lse2_g[..., rows, :])
             p = tiles.exp_shifted_scores(q_i, keys, lse_i, q_start, k_start, bounded[q_start // tiles.block_q])
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
             ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))

@@ -119,14 +119,15 @@ class Tiles:
             bounded.append(lowest <= EXP2_SAFE)
         return bounded
 
-    def exp_shifted_scores(self, q_i: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
+    def exp_shifted_scores(self, q_i: np.ndarray, keys: tuple[np.ndarray, np.ndarray | None],
                            lse: tuple[np.ndarray, np.ndarray | None], q_start: int, k_start: int,
                            bounded: bool) -> np.ndarray:
         """P_ij = e^(S_ij - L_i), masked entries 0, in S_ij's buffer, from unscaled q_i and
-        keys = (scale · K_j, log2 e · scale · K_j), lse = (L_i, log2 e · L_i). A tile that
-        ``shift_bounded`` bounds takes exp2 without a mask, and exp with one, neither checked for
-        a subnormal result (none can come: e^-80 is normal); any other, ``exp`` and its flush."""
-        if bounded and not self.masked(q_start, k_start, keys[1].shape[-2]):
+        keys = (scale · K_j, log2 e · scale · K_j), lse = (L_i, log2 e · L_i), their second halves
+        needed only where ``bounded``. A tile that ``shift_bounded`` bounds takes exp2 without a mask,
+        and exp with one, neither checked for a subnormal result (none can come: e^-80 is normal);
+        any other, ``exp`` and its flush."""
+        if bounded and not self.masked(q_start, k_start, keys[0].shape[-2]):
             s = self.scores(q_i, keys[1], q_start, k_start)
             s -= lse[1]
             return np.exp2(s, out=s)
