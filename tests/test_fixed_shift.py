@@ -4,7 +4,7 @@ range. It must give what the running max gives, for every mask, head grouping an
 import numpy as np
 import pytest
 
-from ag.attention import fixed_shift_forward, flash_attention, forward, naive_attention
+from ag.attention import fixed_shift_forward, flash_attention, forward, naive_attention, tiles as tiles_module
 from ag.attention.shapes import check_shapes
 from ag.attention.tiles import Tiles, longest_row
 
@@ -118,22 +118,43 @@ def tiles_for(q, k, v, causal=False, block_q=16, block_k=16):
     return Tiles(check_shapes("test", q, k, v), causal, 1 / np.sqrt(q.shape[-1]), block_q, block_k)
 
 
-def test_exp2_only_where_the_scores_are_bounded_and_unmasked():
+@pytest.mark.parametrize("base2", [True, False], ids=["exp2", "exp"])
+def test_exp2_only_where_the_scores_are_bounded_and_unmasked(monkeypatch, base2):
     """e^S by exp2 on log2 e · q on an unmasked tile whose scores ‖q‖ · max ‖k‖ bounds within
-    EXP2_SAFE, and by exp on any other: both give e^S, masked entries exactly 0."""
+    EXP2_SAFE where NumPy's exp2 is the fast one (``Tiles.base2``), by exp(ln 2 · S) on a masked
+    one, and by exp where exp2 is not the fast one: all give e^S, masked entries exactly 0. The
+    base-2 queries replace the tile's own copy: no second one is held."""
+    monkeypatch.setattr(tiles_module, "EXP2_FAST", base2)
     q, k, v = qkv(32, 32, 8, batch=(), dtype=np.float32)
     tiles = tiles_for(q, k, v, causal=True)
-    q_i, k_j = tiles.scaled_queries(q, slice(16, 32)), k[..., 0:16, :]
-    s = np.matmul(q_i, np.swapaxes(k_j, -1, -2))
-    q2_i = tiles.base2_queries(q_i, longest_row(k))
-    assert q2_i is not None
-    below = tiles.exp_scores(q_i, q2_i, k_j, 16, 0).copy()  # a tile under the diagonal: no mask
-    np.testing.assert_array_equal(below, np.exp2(np.matmul(q2_i, np.swapaxes(k_j, -1, -2))))
+    q_i, k_j, k_diag = tiles.scaled_queries(q, slice(16, 32)), k[..., 0:16, :], k[..., 16:32, :]
+    natural = q_i.copy()
+    assert tiles.bounded_queries(q_i, longest_row(k))
+    np.testing.assert_array_equal(q_i, natural * np.float32(tiles_module.LOG2_E) if base2 else natural)
+    s, s_diag = (np.matmul(natural, np.swapaxes(x, -1, -2)) for x in (k_j, k_diag))
+    below = tiles.exp_scores(q_i, True, k_j, 16, 0).copy()  # a tile under the diagonal: no mask
+    s2, s2_diag = (np.matmul(q_i, np.swapaxes(x, -1, -2)) for x in (k_j, k_diag))
+    np.testing.assert_array_equal(below, np.exp2(s2) if base2 else np.exp(s))
     np.testing.assert_allclose(below, np.exp(s), rtol=2e-6)
-    diagonal = tiles.exp_scores(q_i, q2_i, k[..., 16:32, :], 16, 16).copy()
-    s_diag = np.matmul(q_i, np.swapaxes(k[..., 16:32, :], -1, -2))
-    np.testing.assert_array_equal(diagonal, np.where(np.tril(np.ones((16, 16), bool)), np.exp(s_diag), 0))
-    assert tiles.base2_queries(q_i * 100, longest_row(k)) is None  # ‖q‖ · ‖k‖ past EXP2_SAFE
+    diagonal = tiles.exp_scores(q_i, True, k_diag, 16, 16).copy()
+    visible = np.tril(np.ones((16, 16), bool))
+    want = np.exp(s2_diag * np.float32(tiles_module.LN_2)) if base2 else np.exp(s_diag)
+    np.testing.assert_array_equal(diagonal, np.where(visible, want, 0))
+    np.testing.assert_allclose(diagonal, np.where(visible, np.exp(s_diag), 0), rtol=2e-6)
+    far = natural * 100
+    assert not tiles.bounded_queries(far, longest_row(k))  # ‖q‖ · ‖k‖ past EXP2_SAFE
+    np.testing.assert_array_equal(far, natural * 100)  # left as it was
+
+
+def test_exp2_is_taken_for_the_fast_one_only_on_linux_with_avx512(monkeypatch):
+    """SVML's exp2, which NumPy builds for Linux on x86-64, runs where the CPU has Skylake-X's
+    AVX-512; elsewhere exp2 is a scalar loop, slower than exp (BENCHMARKS.md, "History")."""
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+    for has, platform, want in ((True, "linux", True), (False, "linux", False), (True, "win32", False),
+                                (True, "darwin", False)):
+        monkeypatch.setitem(features, "AVX512_SKX", has)
+        monkeypatch.setattr(tiles_module.sys, "platform", platform)
+        assert tiles_module.exp2_is_fast() is want
 
 
 def test_key_slices_stop_at_the_last_key_a_query_tile_sees():

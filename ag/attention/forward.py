@@ -47,9 +47,10 @@ def fixed_shift_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarra
                         out=None) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1 with a fixed shift of 0 in place of the running max: softmax(S) = e^S / Σ e^S
     for any shift, and m_i is there only to keep e^(S - m_i) in range. While it is, each tile needs
-    one pass, P = e^S (``Tiles.exp_scores``: exp2 where the scores are bounded), where the running
-    max needs three (max, subtract, exp); l_i and acc add up with no rescaling, and L = log l_i. A
-    fixed shift checked after the fact is FlashDecoding++'s unified max value (Hong et al., 2023).
+    one pass, P = e^S (``Tiles.exp_scores``: unchecked where the scores are bounded, by exp2 where
+    that is NumPy's fast exp), where the running max needs three (max, subtract, exp); l_i and acc
+    add up with no rescaling, and L = log l_i. A fixed shift checked after the fact is
+    FlashDecoding++'s unified max value (Hong et al., 2023).
 
     After each query tile, every row's l_i must lie in [tiny · 2^62, max]: then no e^S overflowed,
     and the scores that underflowed (each below tiny) make less than 2^-30 of l_i for N < 2^32, under
@@ -75,12 +76,12 @@ def fixed_shift_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarra
     for q_start in range(0, h.n_q, tiles.block_q):
         rows = slice(q_start, q_start + tiles.block_q)
         q_i = tiles.scaled_queries(qg, rows)
-        q2_i = tiles.base2_queries(q_i, longest_key)
+        bounded = tiles.bounded_queries(q_i, longest_key)  # in base 2 if this CPU's exp2 is fast
         l_i = np.zeros(q_i.shape[:-1] + (1,), dtype=dtype)
         acc = np.zeros(q_i.shape, dtype=dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # the check below catches both
             for cols in tiles.key_slices(q_start, q_start + q_i.shape[-2]):
-                p = tiles.exp_scores(q_i, q2_i, kg[..., cols, :], q_start, cols.start)
+                p = tiles.exp_scores(q_i, bounded, kg[..., cols, :], q_start, cols.start)
                 l_i += tiles.row_sum(p)
                 if not l_i.max(initial=0) <= info.max:  # an e^S overflowed (or a NaN): the check fails, stop now
                     break

@@ -3,6 +3,7 @@ backward loops share: S_ij into one buffer, the causal mask as a cached tile, ex
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -13,8 +14,29 @@ from ..trace import count_matmul
 from .shapes import Heads
 
 LOG2_E = 1.0 / math.log(2.0)
+LN_2 = math.log(2.0)
 # NumPy's float exp2 keeps its fast path for |x| up to about 126: log2 e · 80 is 115.4
 EXP2_SAFE = 80.0
+
+
+def exp2_is_fast() -> bool:
+    """Is NumPy's exp2 here its vector one, which takes half exp's time? It is SVML's, which NumPy
+    builds for Linux on x86-64 and runs on a CPU with AVX-512 (Skylake-X's set: Intel Xeons, AMD
+    Zen 4 and 5). Elsewhere exp2 runs an element at a time: on an AVX2 Zen 3 EPYC, a 256 × 256 tile
+    of two heads took 374 µs by exp2 and 176 by exp (BENCHMARKS.md, "History"). Decided by the CPU,
+    not by timing, so that a machine always takes the same path and gives the same bits."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # NumPy 1.x
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__
+        except ImportError:
+            return False
+    return sys.platform.startswith("linux") and bool(__cpu_features__.get("AVX512_SKX"))
+
+
+# Where False, bounded tiles take exp (unchecked: no bounded score can give a subnormal), not exp2.
+EXP2_FAST = exp2_is_fast()
 
 
 class Tiles:
@@ -86,23 +108,38 @@ class Tiles:
             self._scores = np.empty(size, dtype)
         return self._scores[:size].reshape(shape)
 
-    def base2_queries(self, q_i: np.ndarray, longest_key: float) -> np.ndarray | None:
-        """log2 e · q_i, for ``exp_scores`` to take e^S as 2^(log2 e · S), when every score of this
-        query tile is known to lie within ±``EXP2_SAFE`` (‖q_i‖ · max ‖k_j‖ bounds it); else None."""
-        if longest_row(q_i) * longest_key > EXP2_SAFE:
-            return None
-        return q_i * q_i.dtype.type(LOG2_E)
+    @property
+    def base2(self) -> bool:
+        """Do bounded tiles take e^S as 2^(log2 e · S)? Where NumPy's exp2 is the fast one
+        (``EXP2_FAST``)."""
+        return EXP2_FAST
 
-    def exp_scores(self, q_i: np.ndarray, q2_i: np.ndarray | None, k_j: np.ndarray, q_start: int,
+    def bounded_queries(self, q_i: np.ndarray, longest_key: float) -> bool:
+        """Does every score of this query tile lie within ±``EXP2_SAFE``? ‖q_i‖ · max ‖k_j‖ bounds it.
+        If so and ``base2``, q_i (this tile's own copy of scale · Q_i) becomes log2 e · q_i in place,
+        for ``exp_scores`` to take e^S as 2^(log2 e · S): no second copy, so the peak is the same
+        whichever exp this CPU takes."""
+        if longest_row(q_i) * longest_key > EXP2_SAFE:
+            return False
+        if self.base2:
+            q_i *= q_i.dtype.type(LOG2_E)
+        return True
+
+    def exp_scores(self, q_i: np.ndarray, bounded: bool, k_j: np.ndarray, q_start: int,
                    k_start: int) -> np.ndarray:
-        """P_ij = e^(S_ij), masked entries 0, in S_ij's buffer. NumPy's exp2 takes half exp's time,
-        but far longer on an input beyond ±126 (an underflow, a masked -inf): it is used on a tile
-        without a mask whose scores ``base2_queries`` bounded, exp on any other."""
-        if q2_i is not None and not self.masked(q_start, k_start, k_j.shape[-2]):
-            s = self.scores(q2_i, k_j, q_start, k_start)
-            return np.exp2(s, out=s)
+        """P_ij = e^(S_ij), masked entries 0, in S_ij's buffer, from q_i as ``bounded_queries`` left
+        it. A bounded tile takes exp2 where ``base2`` (its scores are in base 2) and it has no mask;
+        exp2 is far slower on an input beyond ±126 (a masked -inf), so a masked one takes
+        exp(ln 2 · S) there. Neither is checked for a subnormal result (no score is below -80); an
+        unbounded tile takes ``exp`` and its flush."""
         s = self.scores(q_i, k_j, q_start, k_start)
-        return np.exp(s, out=s) if q2_i is not None else self.exp(s)  # bounded: no score below -80
+        if not bounded:
+            return self.exp(s)
+        if self.base2 and not self.masked(q_start, k_start, k_j.shape[-2]):
+            return np.exp2(s, out=s)
+        if self.base2:
+            s *= s.dtype.type(LN_2)
+        return np.exp(s, out=s)
 
     def shift_bounded(self, qg: np.ndarray, kg: np.ndarray, lse_g: np.ndarray) -> list[bool]:
         """For each query tile of a backward: does every visible S_ij - L_i lie within -``EXP2_SAFE``
@@ -119,20 +156,20 @@ class Tiles:
             bounded.append(lowest <= EXP2_SAFE)
         return bounded
 
-    def exp_shifted_scores(self, q_i: np.ndarray, keys: tuple[np.ndarray, np.ndarray | None],
-                           lse: tuple[np.ndarray, np.ndarray | None], q_start: int, k_start: int,
-                           bounded: bool) -> np.ndarray:
-        """P_ij = e^(S_ij - L_i), masked entries 0, in S_ij's buffer, from unscaled q_i and
-        keys = (scale · K_j, log2 e · scale · K_j), lse = (L_i, log2 e · L_i), their second halves
-        needed only where ``bounded``. A tile that ``shift_bounded`` bounds takes exp2 without a mask,
-        and exp with one, neither checked for a subnormal result (none can come: e^-80 is normal);
-        any other, ``exp`` and its flush."""
-        if bounded and not self.masked(q_start, k_start, keys[0].shape[-2]):
-            s = self.scores(q_i, keys[1], q_start, k_start)
-            s -= lse[1]
+    def exp_shifted_scores(self, q_i: np.ndarray, k_j: np.ndarray, lse_i: np.ndarray, q_start: int,
+                           k_start: int, bounded: bool) -> np.ndarray:
+        """P_ij = e^(S_ij - L_i), masked entries 0, in S_ij's buffer, from unscaled q_i and L_i. A
+        tile that ``shift_bounded`` bounds takes 2^(Q_i (log2 e · scale · K_j)ᵀ - log2 e · L_i) where
+        ``base2`` and it has no mask, else exp, neither checked for a subnormal result (none can
+        come: e^-80 is normal); any other, ``exp`` and its flush. Either way the tile pair holds one
+        scaled copy of q_i."""
+        real = q_i.dtype.type
+        if bounded and self.base2 and not self.masked(q_start, k_start, k_j.shape[-2]):
+            s = self.scores(q_i * real(self.scale * LOG2_E), k_j, q_start, k_start)
+            s -= lse_i * real(LOG2_E)
             return np.exp2(s, out=s)
-        s = self.scores(q_i, keys[0], q_start, k_start)
-        s -= lse[0]
+        s = self.scores(self.scaled_queries(q_i, slice(None)), k_j, q_start, k_start)
+        s -= lse_i
         return np.exp(s, out=s) if bounded else self.exp(s)
 
     @staticmethod
