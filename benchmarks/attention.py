@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
-from _memory import rss_peak_of, run_worker  # noqa: E402
+from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.attention import sharing  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
@@ -337,7 +337,8 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     alone on the same tiles, by NumPy's BLAS and by torch's matmul (the forward's QKᵀ and PV; the
     backward's QKᵀ, dO Vᵀ, Pᵀ dO, dSᵀ Q and dS K); and torch SDPA. Whatever flash spends beyond its
     products is the work outside BLAS: the passes over each tile, the per-row ops and the Python.
-    Keys: "flash", "numpy products", "torch products", "torch", and each with " step"."""
+    Keys: "flash", "numpy products", "torch products", "torch", and each with " step"; and "numpy exp"
+    and "torch exp", ns an element of the exp a bounded tile takes (``exp_rates``)."""
     import torch
     from threadpoolctl import threadpool_limits
     inputs = tuple(x[:, :1] for x in make_inputs(n))  # (1, 1, n, d): one head
@@ -385,9 +386,25 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             times = take_turns(calls, repeats, settle=HEAD_SETTLE)
+        result = {name: med(t) for name, t in times.items()}
+        result["numpy exp"], result["torch exp"] = exp_rates()
     finally:
         torch.set_num_threads(threads)
-    return {name: med(t) for name, t in times.items()}
+    return result
+
+
+def exp_rates(size: int = 1 << 18) -> tuple[float, float]:
+    """ns an element of the exp flash takes on a bounded tile (exp2 where that is NumPy's fast one,
+    ``ag.attention.tiles.EXP2_FAST``; else exp), in place on ``size`` float32 scores, by NumPy and by
+    torch, on the calling thread: the pass no product hides."""
+    import torch
+    x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
+    out = np.empty_like(x)
+    fast = attention.tiles.EXP2_FAST
+    numpy_exp, torch_exp = (np.exp2, torch.exp2) if fast else (np.exp, torch.exp)
+    tx, tout = torch.from_numpy(x), torch.from_numpy(out)
+    return (best_us(lambda: numpy_exp(x, out=out), 20) * 1e3 / size,
+            best_us(lambda: torch_exp(tx, out=tout), 20) * 1e3 / size)
 
 
 def print_one_head(n: int, head: dict[str, float]) -> None:
@@ -400,6 +417,15 @@ def print_one_head(n: int, head: dict[str, float]) -> None:
                 f"of {HEAD_REPEATS} runs",
                 ["pass", "flash", "its products (NumPy's BLAS)", "the same products (torch matmul)",
                  "flash beyond its products", "torch SDPA", "flash / torch SDPA"], rows)
+    print(f"   {exp_name()} on one thread: NumPy {head['numpy exp']:.2f} ns an element, torch "
+          f"{head['torch exp']:.2f}")
+
+
+def exp_name() -> str:
+    """The exp a bounded tile takes on this machine, and why."""
+    if attention.tiles.EXP2_FAST:
+        return "exp2 (NumPy's is SVML's here: AVX-512 on Linux)"
+    return "exp (NumPy's exp2 is not its fast one here: no AVX-512, or not Linux)"
 
 
 def print_time_goals(forward_rows: list, step_rows: list, torch_limits: tuple[str, str]) -> None:
@@ -430,10 +456,12 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
     which = ("its seven products a tile (the forward's QK^T and PV; the backward's QK^T, dO V^T, P^T dO, dS^T Q "
              "and dS K, each with K, N or M = d = 64)" if step else
              "its two products (QK^T and PV, sgemm with K = d = 64 or with N = d)")
-    passes = ("the forward's exp pass and the backward's over each tile (P = exp2(S - L) in base 2 where bounded, dS = P * (dP - D)), "
+    exp = (f"by {exp_name()}, {head['numpy exp']:.2f} ns an element against torch's "
+           f"{head['torch exp']:.2f}")
+    passes = (f"the forward's exp pass and the backward's over each tile (P = e^(S - L) {exp}; dS = P * (dP - D)), "
               "the adds into dK, dV and dQ" if step else
-              "the exp pass over each tile (exp2 where the scores are bounded; with the default fixed shift, "
-              "no max or subtract pass) and its row sum")
+              f"the exp pass over each tile ({exp}; with the default fixed shift, no max or subtract pass) "
+              "and its row sum")
     limit = (f"one head on one thread (2c, N = {n}{', forward + backward' if step else ''}): flash "
              f"{flash * 1e3:.2f} ms against torch SDPA's {sdpa * 1e3:.2f}; {which} take "
              f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
@@ -479,12 +507,9 @@ def memory_command(framework: str, n: int, causal: bool, blocks: dict) -> list[s
             f"--heads={H}"] + [f"--{name.replace('_', '-')}={size}" for name, size in blocks.items() if size]
 
 
-def measure_memory(framework: str, n: int, causal: bool, blocks: dict) -> dict:
-    return run_worker(memory_command(framework, n, causal, blocks), f"{framework} N={n} {mask_name(causal)}")
-
-
 def memory_row(n: int, causal: bool, blocks: dict) -> list[str]:
-    mem = {name: measure_memory(name, n, causal, blocks) for name in ("flash", "naive", "torch")}
+    mem = run_workers({name: (memory_command(name, n, causal, blocks), f"{name} N={n} {mask_name(causal)}")
+                       for name in ("flash", "naive", "torch")})
     traced = mem["flash"]["tracemalloc_peak"] / mem["naive"]["tracemalloc_peak"]
     rss = mem["flash"]["rss_peak"] / mem["naive"]["rss_peak"]
     return [str(n), mask_name(causal), f"{H * n * n * 4 / MB:.0f}",
@@ -579,6 +604,11 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
     rows, cols = np.arange(block_q), np.arange(block_k)
     visible = cols[None, :] <= rows[:, None]
     bound = np.where(visible, np.nan, -np.inf).astype(np.float32)  # fmin's: keeps S where visible
+    # a bounded tile's exp on this machine (``ag.attention.tiles.EXP2_FAST``), and the other one
+    base2 = attention.tiles.EXP2_FAST
+    exp, other = ("exp2", "exp") if base2 else ("exp", "exp2")
+    exp_fn, other_fn = getattr(np, exp), getattr(np, other)
+    other_use = "(a masked or unbounded tile)" if base2 else "(an AVX-512 machine's bounded tile)"
 
     def ag_mask():
         v = visible_keys(True, rows, cols, block_q, block_k)
@@ -610,11 +640,11 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
          lambda: t["alpha"] * t["m"] + np.matmul(p, t["ones"])[..., None], "", None),
         ("fwd", "acc = α acc + P V_j", lambda: t["alpha"] * t["acc"] + np.matmul(p, t["v_j"]),
          "acc *= α; acc += P V_j", inplace_acc),
-        ("fixed", "default forward: P = exp2(log2 e · S, out=S)", lambda: np.exp2(s, out=buf),
-         "exp(S, out=S) (a masked or unbounded tile)", lambda: np.exp(s, out=buf)),
-        ("bwd", "default backward: S -= L_i; P = exp2(S, out=S)",
-         lambda: (np.subtract(s, t["m"], out=buf), np.exp2(buf, out=buf)),
-         "exp(S, out=S) (a masked or unbounded tile)", lambda: (np.subtract(s, t["m"], out=buf), np.exp(buf, out=buf))),
+        ("fixed", f"default forward: P = {exp}({'log2 e · ' if base2 else ''}S, out=S)", lambda: exp_fn(s, out=buf),
+         f"{other}(S, out=S) {other_use}", lambda: other_fn(s, out=buf)),
+        ("bwd", f"default backward: S -= L_i; P = {exp}(S, out=S)",
+         lambda: (np.subtract(s, t["m"], out=buf), exp_fn(buf, out=buf)),
+         f"{other}(S, out=S) {other_use}", lambda: (np.subtract(s, t["m"], out=buf), other_fn(buf, out=buf))),
         ("bwd", "dV_j += Σ_group Pᵀ dO_i", lambda: np.add(t["dv"], np.sum(np.matmul(sw(p, -1, -2), t["do_i"]),
                                                                             axis=-3, keepdims=True), out=t["dv"]),
          "no Σ when group = 1", lambda: np.add(t["dv"], np.matmul(sw(p, -1, -2), t["do_i"]), out=t["dv"])),

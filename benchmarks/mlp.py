@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ag  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
-from _memory import rss_peak_of, run_worker  # noqa: E402
+from _memory import rss_peak_of, run_workers  # noqa: E402
 
 MB = 10**6
 TIME_GOAL = 1.00  # ag / torch
@@ -192,10 +192,10 @@ def memory_worker(framework: str, dtype: str, batch: int, width: int, n_layers: 
     return result
 
 
-def measure_memory(framework: str, dtype: str, args) -> dict:
+def memory_command(framework: str, dtype: str, args) -> tuple[list[str], str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, dtype,
            "--batch", str(args.batch), "--width", str(args.width), "--layers", str(args.layers)]
-    return run_worker(cmd, f"{framework} {dtype}")
+    return cmd, f"{framework} {dtype}"
 
 
 # ---- the machine ----
@@ -310,7 +310,8 @@ def time_row(dtype: str, args) -> tuple[list[str], str]:
 
 
 def memory_row(dtype: str, args) -> list[str]:
-    mem_a, mem_t = measure_memory("ag", dtype, args), measure_memory("torch", dtype, args)
+    mem = run_workers({f: memory_command(f, dtype, args) for f in ("ag", "torch")})
+    mem_a, mem_t = mem["ag"], mem["torch"]
     ratio = mem_a["rss_peak"] / mem_t["rss_peak"]
     return [dtype, f"{mem_a['tracemalloc_peak'] / MB:.1f}", f"{mem_a['rss_peak'] / MB:.1f}",
             f"{mem_t['rss_peak'] / MB:.1f}", shown(ratio, MEMORY_GOAL, MEMORY_RESOLUTION, digits=3),

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
-from _memory import rss_peak_of, run_worker  # noqa: E402
+from _memory import rss_peak_of, run_workers  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from ag import remat  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
@@ -169,10 +169,10 @@ def memory_worker(framework: str, strategy: str, n: int, batch: int, width: int)
     return result
 
 
-def measure_memory(framework: str, strategy: str, args) -> dict:
+def memory_command(framework: str, strategy: str, args) -> tuple[list[str], str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, strategy,
            "--layers", str(args.layers), "--batch", str(args.batch), "--width", str(args.width)]
-    return run_worker(cmd, f"{framework} {strategy}")
+    return cmd, f"{framework} {strategy}"
 
 
 # ---- 1 and 2: the equal chain, ag's strategies and torch ----
@@ -203,7 +203,7 @@ def equal_chain(args) -> None:
     print_ag_table(n, runs, med, best, times)
     print_goals(n, runs, med, best, without_output)
     if not args.no_memory:
-        memory = {(f, s): measure_memory(f, s, args) for s in ("none", "sqrt") for f in ("ag", "torch")}
+        memory = run_workers({(f, s): memory_command(f, s, args) for s in ("none", "sqrt") for f in ("ag", "torch")})
         print_torch_table(n, runs, torch_calls, med, best, memory)
 
 

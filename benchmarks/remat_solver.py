@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _memory import rss_peak_of, run_worker  # noqa: E402
+from _memory import rss_peak_of, run_workers  # noqa: E402
 from _goals import shown, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 from transformer import torch_model  # noqa: E402
@@ -105,21 +105,14 @@ class AgDTR(AgSchedule):
         remat.dynamic(self.graph, self.schedule)  # here ``schedule`` is the budget
 
 
-def torch_steps(model, x: np.ndarray) -> dict:
+def torch_steps(model, x: np.ndarray, modes=("none", "full", "selective", "policy")) -> dict:
     import torch
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     steps = {}
-    for mode in ("none", "full", "selective", "policy"):
+    for mode in modes:
         stack = torch_model(model, "none" if mode == "policy" else mode, dropout=0.0)
         if mode == "policy":
-            context = functools.partial(create_selective_checkpoint_contexts, policy)
-            layers = list(stack.layers)
-            stack.forward = lambda h, layers=layers: _policy_forward(layers, h, checkpoint, context)
+            stack.forward = _policy(list(stack.layers))
         tx = torch.from_numpy(x.copy()).requires_grad_()
 
         def step(stack=stack, tx=tx) -> None:
@@ -130,14 +123,29 @@ def torch_steps(model, x: np.ndarray) -> dict:
     return steps
 
 
+def _policy(layers):
+    """The layers' forward under the selective-checkpoint policy: save every matmul's output, recompute
+    the rest (imported here: only the contestants that run it load torch's compiler stack)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    return lambda h: _policy_forward(layers, h, checkpoint, context)
+
+
 def _policy_forward(layers, h, checkpoint, context):
     for layer in layers:
         h = checkpoint(layer, h, use_reentrant=False, context_fn=context)
     return h
 
 
-def transformer_setup(time_limit: float | None, saved: str | None):
-    """The graph, its schedules (Checkmate's solved here, or loaded from ``saved``) and the contestants."""
+def transformer_setup(time_limit: float | None, saved: str | None, only: str | None = None):
+    """The graph, its schedules (Checkmate's solved here, or loaded from ``saved``) and the contestants
+    (``only``: just that one, for a memory worker: one of ag's never imports torch, which takes 3.6 s
+    on a Zen 3 core, and one of torch's builds its own mode only)."""
     fn, inputs = examples.transformer(layers=2, s=S, b=B, h=H, a=A, dropout=0.0)
     graph = remat.capture(fn, *inputs)
     selective = remat.nemo(graph, "selective")
@@ -150,13 +158,15 @@ def transformer_setup(time_limit: float | None, saved: str | None):
         schedules["checkmate"] = remat.Schedule(graph, matrices["R"], matrices["S"], "checkmate")
     steps = {f"ag {name}": AgSchedule(graph, s, fn.parameters) for name, s in schedules.items()}
     steps["ag DTR"] = AgDTR(graph, selective.predicted_peak_bytes, fn.parameters)
-    steps.update({f"torch {k}": v for k, v in torch_steps(fn.model, inputs[0].value).items()})
+    if only is None or only.startswith("torch"):
+        modes = (only.split()[1],) if only else ("none", "full", "selective", "policy")
+        steps.update({f"torch {k}": v for k, v in torch_steps(fn.model, inputs[0].value, modes).items()})
     return graph, schedules, steps
 
 
 def memory_worker(name: str, saved: str) -> None:
     """In a fresh process (``_memory.run_worker``): one warm-up step, then the RSS growth of one step."""
-    _, _, steps = transformer_setup(None, saved)
+    _, _, steps = transformer_setup(None, saved, only=name)
     step = steps[name]
     step()
     print(json.dumps({"rss_peak": rss_peak_of(step)[0]}))
@@ -170,8 +180,9 @@ def transformer_rows(time_limit: float, repeats: int) -> tuple[list[list[str]], 
     with tempfile.TemporaryDirectory() as folder:
         saved = os.path.join(folder, "checkmate.npz")
         np.savez(saved, R=schedules["checkmate"].R, S=schedules["checkmate"].S)
-        rss = {name: run_worker([sys.executable, os.path.abspath(__file__), "--memory-worker", name,
-                                 "--schedules", saved], name)["rss_peak"] for name in contestants}
+        workers = run_workers({name: ([sys.executable, os.path.abspath(__file__), "--memory-worker", name,
+                                       "--schedules", saved], name) for name in contestants})
+        rss = {name: result["rss_peak"] for name, result in workers.items()}
     for step in contestants.values():
         step()  # warm-up: BLAS buffers, torch's first-call work
     times = {name: [] for name in contestants}

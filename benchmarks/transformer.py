@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
-from _memory import rss_peak_of, run_worker  # noqa: E402
+from _memory import rss_peak_of, run_workers  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown  # noqa: E402
 from mlp import machine_lines, print_table, products_alone  # noqa: E402
@@ -313,17 +313,17 @@ def memory_worker(framework: str, mode: str, args) -> dict:
     return result
 
 
-def measure_memory(framework: str, mode: str, args) -> dict:
+def memory_command(framework: str, mode: str, args) -> tuple[list[str], str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", framework, mode,
            "--seq", str(args.seq), "--batch", str(args.batch), "--hidden", str(args.hidden),
            "--heads", str(args.heads), "--dropout", str(args.dropout)]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
-    return run_worker(cmd, f"{framework} {mode}")
+    return cmd, f"{framework} {mode}"
 
 
 def memory_table(args) -> list[list[str]]:
-    mem = {(f, m): measure_memory(f, m, args) for m in MODES for f in ("ag", "torch")}
+    mem = run_workers({(f, m): memory_command(f, m, args) for m in MODES for f in ("ag", "torch")})
     rows = []
     for mode in MODES:
         a, t = mem[("ag", mode)], mem[("torch", mode)]
