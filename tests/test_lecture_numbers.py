@@ -72,4 +72,6 @@ def test_lecture_4s_scaling_table_is_what_attention_scaling_measures_now():
         assert f"{peak.flash_bytes / ag.trace.MB:.1f}" == flash, peak
         if peak.naive_bytes is not None:
             assert f"{peak.naive_bytes / ag.trace.MB:.1f}" == naive, peak
-            assert f"{peak.naive_bytes / peak.flash_bytes:.1f}" == ratio, peak
+            # a ratio can sit on a rounding edge (17.449 here, 17.451 after other tests: 700 bytes
+            # of Python objects), so it is checked to its printed digit, not its rounding
+            assert abs(peak.naive_bytes / peak.flash_bytes - float(ratio)) < 0.06, peak
