@@ -159,7 +159,7 @@ class Tiles:
     def exp_shifted_scores(self, q_i: np.ndarray, k_j: np.ndarray, lse_i: np.ndarray, q_start: int,
                            k_start: int, bounded: bool) -> np.ndarray:
         """P_ij = e^(S_ij - L_i), masked entries 0, in S_ij's buffer, from unscaled q_i and L_i. A
-        tile that ``shift_bounded`` bounds takes 2^(Q_i (log2 e · scale · K_j)ᵀ - log2 e · L_i) where
+        tile that ``shift_bounded`` bounds takes 2^((log2 e · scale · Q_i) K_jᵀ - log2 e · L_i) where
         ``base2`` and it has no mask, else exp, neither checked for a subnormal result (none can
         come: e^-80 is normal); any other, ``exp`` and its flush. Either way the tile pair holds one
         scaled copy of q_i."""
