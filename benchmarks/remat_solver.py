@@ -107,12 +107,19 @@ class AgDTR(AgSchedule):
 
 def torch_steps(model, x: np.ndarray, modes=("none", "full", "selective", "policy")) -> dict:
     import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     steps = {}
     for mode in modes:
         stack = torch_model(model, "none" if mode == "policy" else mode, dropout=0.0)
         if mode == "policy":
-            stack.forward = _policy(list(stack.layers))
+            context = functools.partial(create_selective_checkpoint_contexts, policy)
+            layers = list(stack.layers)
+            stack.forward = lambda h, layers=layers: _policy_forward(layers, h, checkpoint, context)
         tx = torch.from_numpy(x.copy()).requires_grad_()
 
         def step(stack=stack, tx=tx) -> None:
@@ -121,19 +128,6 @@ def torch_steps(model, x: np.ndarray, modes=("none", "full", "selective", "polic
             stack(tx).sum().backward()
         steps[mode] = step
     return steps
-
-
-def _policy(layers):
-    """The layers' forward under the selective-checkpoint policy: save every matmul's output, recompute
-    the rest (imported here: only the contestants that run it load torch's compiler stack)."""
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-    context = functools.partial(create_selective_checkpoint_contexts, policy)
-    return lambda h: _policy_forward(layers, h, checkpoint, context)
 
 
 def _policy_forward(layers, h, checkpoint, context):
