@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hide", action="append", default=[])
     parser.add_argument("-k", dest="select", help="only the tests whose names match (pytest's -k)")
     args = parser.parse_args(argv)
+    # only ag's plugin: another installed one (nbmake, hypothesis) would cost seconds of imports per
+    # submission and could change how the graded tests run
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     replies = sys.stdout
     sys.stdout = sys.stderr  # pytest's report is a log; stdout carries only the replies
     with tempfile.TemporaryDirectory(prefix="ag-judge-") as scratch:
