@@ -28,5 +28,21 @@ def torch_or_skip():
     return torch
 
 
+# Under pytest-xdist (the test extra; pyproject's addopts: -n auto --dist loadgroup) each group's
+# files run one after another on one worker, while the other tests share the other cores:
+# - the red team and the Gradescope chroot watch the whole machine (its disks' usage, the
+#   processes left behind) and build a Debian root;
+# - the notebooks' Jupyter kernels each take free TCP ports on localhost when they start.
+XDIST_GROUPS = {"test_redteam.py": "machine-wide", "test_gradescope_chroot.py": "machine-wide",
+                "test_notebooks.py": "jupyter-kernels", "test_notebook_assign.py": "jupyter-kernels"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        group = XDIST_GROUPS.get(item.path.name)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 # The graded tests run under the judge (`ag grade`), which test_course.py and test_redteam.py drive.
 collect_ignore = ["grading"]
