@@ -81,6 +81,18 @@ def graphs():
     return out
 
 
+_solved: dict = {}
+
+
+def checkmate(graph, budget, **options):
+    """remat.checkmate, solved once per graph, budget and options in this module: several tests ask
+    HiGHS the same question (the graph is kept with its answer, so its id is never reused)."""
+    key = (id(graph), int(budget), tuple(sorted(options.items())))
+    if key not in _solved:
+        _solved[key] = (graph, remat.checkmate(graph, int(budget), **options))
+    return _solved[key][1]
+
+
 def run(schedule, leaves):
     for t in leaves:
         t.grad = None
@@ -162,9 +174,9 @@ def test_prediction_is_within_5_percent_of_the_measured_peak_for_every_planner(g
     graph, leaves, _ = graphs[name]
     schedules = planners(graph)
     middle = (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2
-    schedules.append(remat.checkmate(graph, middle, time_limit=10))
+    schedules.append(checkmate(graph, middle, time_limit=10))
     try:  # the 2-layer transformer's LP: under 10 s, then 11 to 14 s, on one 2-vCPU machine in one day
-        schedules.append(remat.checkmate(graph, middle, relax=True, time_limit=40))
+        schedules.append(checkmate(graph, middle, relax=True, time_limit=40))
     except ValueError:
         pass  # LP rounding may find nothing within the budget; the MILP above did
     for schedule in schedules:
@@ -193,8 +205,8 @@ def test_dtr_predicts_its_own_peak_within_5_percent(graphs, name):
 def test_gradients_are_bit_identical_to_plain_backward_under_every_schedule_and_dtr(graphs, name):
     graph, leaves, expected = graphs[name]
     schedules = planners(graph)
-    schedules.append(remat.checkmate(graph, (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2,
-                                     time_limit=10))
+    middle = (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2
+    schedules.append(checkmate(graph, middle, time_limit=10))  # the same solve as the prediction test's
     for schedule in schedules:
         _, grads = run(schedule, leaves)
         assert all(np.array_equal(a, b) for a, b in zip(grads, expected)), schedule
@@ -317,7 +329,7 @@ def test_checkmate_agrees_with_brute_force_on_random_dags_of_at_most_8_nodes(see
 def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graphs, name):
     graph = graphs[name][0]
     for other in planners(graph):
-        found = remat.checkmate(graph, other.predicted_peak_bytes)
+        found = checkmate(graph, other.predicted_peak_bytes)
         assert found.status == "optimal"
         assert found.recompute_flops <= other.recompute_flops, other
         assert found.predicted_peak_bytes <= other.predicted_peak_bytes
@@ -326,7 +338,7 @@ def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graph
 def test_checkmate_recomputes_nothing_at_the_no_remat_peak(graphs):
     for name in ("residual MLP", "U-Net", "transformer (naive)"):
         graph = graphs[name][0]
-        found = remat.checkmate(graph, remat.chain_schedule(graph, "none").predicted_peak_bytes)
+        found = checkmate(graph, remat.chain_schedule(graph, "none").predicted_peak_bytes)
         assert found.recompute_flops == 0 and found.status == "optimal" and found.gap == 0
 
 
@@ -342,7 +354,7 @@ def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
         assert result.recompute_flops == schedule.recompute_flops == plan.recomputed * per_layer
         assert abs(result.peak_bytes - schedule.predicted_peak_bytes) <= 0.05 * schedule.predicted_peak_bytes
         assert all(np.array_equal(a, b) for a, b in zip(grads, expected))
-        found = remat.checkmate(graph, schedule.predicted_peak_bytes)
+        found = checkmate(graph, schedule.predicted_peak_bytes)
         assert found.recompute_flops <= schedule.recompute_flops, slots
     compared = 0
     for slots in range(0, 7):  # one-level plans need more memory than revolve for the same recompute
@@ -351,7 +363,7 @@ def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
             one_level = remat.chain_schedule(graph, "optimal", budget_bytes=budget)
         except ValueError:
             continue
-        assert remat.checkmate(graph, budget).recompute_flops <= one_level.recompute_flops
+        assert checkmate(graph, budget).recompute_flops <= one_level.recompute_flops
         compared += 1
     assert compared >= 3
 
