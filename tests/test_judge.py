@@ -210,3 +210,23 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_the_judge_loads_no_installed_pytest_plugin_but_its_own(tmp_path):
+    """Installed plugins (pytest-timeout, hypothesis, xdist, nbmake: this suite's own) stay out of a
+    grading session: they cost seconds of imports per submission and could change how checks run."""
+    tests = tmp_path / "graded"
+    tests.mkdir()
+    (tests / "test_ex1_plugins.py").write_text(textwrap.dedent("""\
+        import pytest
+
+        @pytest.mark.points(1)
+        def test_only_ag_is_plugged_in(request):
+            manager = request.config.pluginmanager
+            assert manager.list_plugin_distinfo() == [], [d.project_name for _, d in manager.list_plugin_distinfo()]
+            assert manager.has_plugin("ag.course.judge")
+        """))
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    report = course.grade(submission, tests)
+    assert [(t.status, t.output) for t in report.tests] == [("passed", "")]
