@@ -32,9 +32,11 @@ def torch_or_skip():
 # files run one after another on one worker, while the other tests share the other cores:
 # - the red team and the Gradescope chroot watch the whole machine (its disks' usage, the
 #   processes left behind) and build a Debian root;
-# - the notebooks' Jupyter kernels each take free TCP ports on localhost when they start.
+# - the notebooks' Jupyter kernels each take free TCP ports on localhost when they start;
+# - test_remat_graph's module fixtures and its memo of HiGHS' answers serve one process.
 XDIST_GROUPS = {"test_redteam.py": "machine-wide", "test_gradescope_chroot.py": "machine-wide",
-                "test_notebooks.py": "jupyter-kernels", "test_notebook_assign.py": "jupyter-kernels"}
+                "test_notebooks.py": "jupyter-kernels", "test_notebook_assign.py": "jupyter-kernels",
+                "test_remat_graph.py": "remat-graph"}
 
 
 def pytest_collection_modifyitems(items):
