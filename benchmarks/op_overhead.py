@@ -16,7 +16,8 @@ Python-number operand. Three settings:
   the grads accumulating into the leaves' ``.grad``.
 
 Each figure is the best of ``--repeats`` timeit runs, each run given enough loops to last
-about ``--min-time`` seconds; the best is the one least disturbed by other processes.
+about ``--min-time`` seconds; the best is the one least disturbed by other processes. The
+frameworks take turns, a run each, so that the machine's drift hits them alike.
 """
 from __future__ import annotations
 
@@ -99,36 +100,45 @@ def cases(name: str) -> dict[str, dict[str, Callable[[], object]]]:
     }
 
 
-def microseconds(stmt: Callable[[], object], repeats: int, min_time: float) -> float:
-    """Best of ``repeats`` timeit runs, in µs of this process's CPU time per call (a tiny op runs on
-    one thread in both frameworks, so this is its wall time on an idle machine, and other processes
-    on a busy one do not count)."""
-    timer = timeit.Timer(stmt, timer=time.process_time)
-    elapsed = timer.timeit(number=100)
-    loops = max(100, int(100 * min_time / max(elapsed, 1e-9)))
-    return min(timer.repeat(repeat=repeats, number=loops)) / loops * 1e6
+def microseconds(stmts: dict[str, Callable[[], object]], repeats: int, min_time: float) -> dict[str, float]:
+    """Per framework, the best of ``repeats`` timeit runs, in µs of this process's CPU time per call.
+
+    The frameworks take turns, one run each per turn, as in ``_timing.take_turns``: this machine's
+    speed drifts over seconds (on a Zen 3 guest a whole 5-run block of one framework came out 2 to 3
+    times slower than the other's, ratios of 0.50 to 1.70 for the same op), and turns let the drift
+    hit every framework alike. A tiny op runs on one thread in both frameworks, so CPU time is its
+    wall time on an idle machine, and other processes on a busy one do not count."""
+    timers = {fw: timeit.Timer(stmt, timer=time.process_time) for fw, stmt in stmts.items()}
+    loops = {fw: max(100, int(100 * min_time / max(timer.timeit(number=100), 1e-9)))
+             for fw, timer in timers.items()}
+    best = dict.fromkeys(timers, float("inf"))
+    for _ in range(repeats):
+        for fw, timer in timers.items():
+            best[fw] = min(best[fw], timer.timeit(number=loops[fw]) / loops[fw] * 1e6)
+    return best
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 runs of 0.05 s each")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timeit run")
+    parser.add_argument("--quick", action="store_true", help="5 turns of 0.02 s runs")
+    parser.add_argument("--repeats", type=int, default=15, help="turns: one timeit run of each framework a turn")
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timeit run")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.min_time = 3, 0.05
+        args.repeats, args.min_time = 5, 0.02
     import torch
 
     print(f"Per-op overhead, float64, shapes {', '.join(f'{op} {SHAPES[op]}' for op in OPS)}")
     print(f"Python {sys.version.split()[0]}, numpy {np.__version__}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads); best of {args.repeats} timeit runs of ~{args.min_time} s")
+          f"({torch.get_num_threads()} threads); best of {args.repeats} timeit runs of ~{args.min_time} s, "
+          f"the frameworks taking turns")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     us: dict[tuple[str, str], dict[str, float]] = {}
     for op in OPS:
         for setting, stmts in cases(op).items():
-            us[op, setting] = {fw: microseconds(stmt, args.repeats, args.min_time) for fw, stmt in stmts.items()}
+            us[op, setting] = microseconds(stmts, args.repeats, args.min_time)
 
     for setting in dict.fromkeys(setting for _, setting in us):
         rows = []
