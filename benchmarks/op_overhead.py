@@ -121,12 +121,12 @@ def microseconds(stmts: dict[str, Callable[[], object]], repeats: int, min_time:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="5 turns of 0.02 s runs")
+    parser.add_argument("--quick", action="store_true", help="10 turns of 0.01 s runs")
     parser.add_argument("--repeats", type=int, default=15, help="turns: one timeit run of each framework a turn")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timeit run")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.min_time = 5, 0.02
+        args.repeats, args.min_time = 10, 0.01
     import torch
 
     print(f"Per-op overhead, float64, shapes {', '.join(f'{op} {SHAPES[op]}' for op in OPS)}")
