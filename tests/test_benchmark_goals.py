@@ -214,3 +214,18 @@ def test_blas_swap_runs_every_tile_product_on_torch_and_puts_numpy_back(torch_or
     assert len(on_numpy) == len(on_torch)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_exp_floors_c_loops_compute_exp_to_float32s_precision(tmp_path):
+    """benchmarks/exp_floor.py's AVX2 loops are the floor BENCHMARKS.md sets NumPy's exp against:
+    they must be a real exp, plain and masked alike, not a fast wrong answer."""
+    from exp_floor import ELEMENTS, build_loops
+    loops, why = build_loops(str(tmp_path))
+    if loops is None:
+        pytest.skip(f"exp_floor's C loops cannot run here: {why}")
+    x = np.linspace(-87.0, 0.0, ELEMENTS, dtype=np.float32)
+    exact = np.exp(x.astype(np.float64))
+    for name, fn in loops.items():
+        y = np.full_like(x, np.nan)
+        fn(x.ctypes.data, y.ctypes.data, ELEMENTS)
+        assert np.max(np.abs(y / exact - 1)) < 3e-7, name
