@@ -6,7 +6,7 @@
 #   bash benchmarks/cpu_check.sh [LOGDIR]      # default: cpu-logs
 #
 #   env.txt        the CPU (lscpu), whether the pinned CPUs share a physical core (thread siblings),
-#                  Python, NumPy and its BLAS, torch
+#                  Python, NumPy and its BLAS, torch; benchmarks/exp_floor.py (NumPy's exp here)
 #   attention.txt  benchmarks/attention.py at N = 2048 and 4096 (5 turns), then its anatomy (a tile's calls)
 #   transformer.txt benchmarks/transformer.py --no-memory --repeats 3
 #   mlp.txt        benchmarks/mlp.py --no-memory --repeats 3
@@ -64,9 +64,11 @@ try:
 except ImportError:
     print("torch: not installed")
 EOF
+  echo
+  "${PIN[@]}" "$PY" benchmarks/exp_floor.py
 }
 
-step env 30 env_report
+step env 60 env_report
 step attention 240 "${PIN[@]}" "$PY" benchmarks/attention.py --sizes 2048,4096 --repeats 5,5 --naive-repeats 1,1 \
   --skip sweep,memory
 step transformer 150 "${PIN[@]}" "$PY" benchmarks/transformer.py --no-memory --repeats 3
