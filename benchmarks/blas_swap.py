@@ -1,7 +1,9 @@
-"""Would another BLAS speed up flash_attention? Its loops with torch's matmul in place of NumPy's.
+"""Would another BLAS, or a faster exp, speed up flash_attention? Its loops with torch's matmul, or
+a compiled exp, in place of NumPy's.
 
     python benchmarks/blas_swap.py                  # N = 2048 and 4096, 3 turns each: about 2 min on 2 cores
     python benchmarks/blas_swap.py --sizes 1024 --repeats 5
+    python benchmarks/blas_swap.py --swap exp       # exp_floor.py's AVX2 loop for NumPy's exp (needs cc)
 
 A diagnosis, not a contestant: every tile product of ag's flash forward and backward runs on
 torch's matmul (MKL on x86, one thread a worker) over the same NumPy buffers, zero-copy, while
@@ -9,6 +11,12 @@ everything else stays as it is. Where NumPy's BLAS is slower than torch's on the
 Intel Xeon: 1.4 to 1.7 ×), this says whether that gap reaches flash's time. On that Xeon it did
 not (BENCHMARKS.md, "What limits"). The results differ from NumPy's only in float rounding, which
 the script prints. B = 1, H = 8, d = 64, float32, standard normal, as in ``attention.py``.
+
+``--swap exp`` puts ``exp_floor.py``'s plain AVX2 exp (compiled with ``cc`` on the spot) in place
+of NumPy's for every in-place float32 exp of flash's loops, the one pass a score tile that flash
+adds to its products. Where NumPy's exp is its AVX2 loop (Zen 3: a division and a masked store
+every 8 floats, 3 to 6 × the plain loop's time), this says what a compiled exp would be worth.
+ag does not ship such a loop (BENCHMARKS.md, "What limits").
 """
 from __future__ import annotations
 
@@ -38,6 +46,31 @@ def torch_numpy(torch) -> types.SimpleNamespace:
                                out=None if out is None else torch.from_numpy(out))
         return out if out is not None else product.numpy()
     return types.SimpleNamespace(**{**vars(np), "matmul": matmul})
+
+
+def c_exp_numpy() -> types.SimpleNamespace:
+    """NumPy, except ``exp`` of a C-contiguous float32 array into itself (every exp pass of flash's
+    loops on a score tile): exp_floor.py's plain AVX2 loop. ctypes lets go of the GIL during the call,
+    so each worker runs its own. The library stays loaded once its folder is gone."""
+    import tempfile
+
+    from exp_floor import build_loops
+    with tempfile.TemporaryDirectory() as workdir:
+        loops, why = build_loops(workdir)
+    if loops is None:
+        raise SystemExit(f"--swap exp: exp_floor's C loop cannot run here: {why}")
+    loop = loops["exp_plain"]
+
+    def exp(x, out=None, **kwargs):
+        if (out is x and not kwargs and isinstance(x, np.ndarray) and x.dtype == np.float32
+                and x.flags.c_contiguous and x.size % 8 == 0):
+            loop(x.ctypes.data, x.ctypes.data, x.size)
+            return x
+        return np.exp(x, **kwargs) if out is None else np.exp(x, out=out, **kwargs)
+    return types.SimpleNamespace(**{**vars(np), "exp": exp})
+
+
+SWAPS = {"matmul": "NumPy's / torch's matmul", "exp": "NumPy's exp / the C loop's"}
 
 
 def flash_times(numpy_module, inputs, causal: bool, workers: int) -> tuple[float, float, tuple]:
@@ -79,18 +112,21 @@ def main() -> None:
     parser.add_argument("--sizes", type=_ints, default=[2048, 4096])
     parser.add_argument("--repeats", type=int, default=3, help="turns of each contestant per row")
     parser.add_argument("--workers", type=int, default=None, help="flash's and torch's threads (default: the cores)")
+    parser.add_argument("--swap", choices=list(SWAPS), default="matmul",
+                        help="what runs in NumPy's place: torch's matmul, or a compiled AVX2 exp")
     args = parser.parse_args()
     import torch
 
     from ag.ops.threads import cores
     workers = args.workers or cores()
-    swapped = torch_numpy(torch)
+    swapped = torch_numpy(torch) if args.swap == "matmul" else c_exp_numpy()
     for line in machine_lines():
         print(line)
     print(f"workers: {workers}; medians of {args.repeats} turns, each after 0.2 s\n")
-    print("| N | mask | torch SDPA forward ms | flash forward ms, NumPy's / torch's matmul | "
-          "torch SDPA step ms | flash step ms, NumPy's / torch's matmul | max difference |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| N | mask | torch SDPA forward ms | flash forward ms, {SWAPS[args.swap]} | "
+          f"torch SDPA step ms | flash step ms, {SWAPS[args.swap]} | the same / torch SDPA, forward | "
+          f"step | max difference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         inputs = make_inputs(n)
         for causal in (False, True):
@@ -98,17 +134,19 @@ def main() -> None:
             want = flash_times(np, inputs, causal, workers)[2]
             differs = max(float(np.max(np.abs(a - b))) for a, b in zip(got, want))
             sdpa_times(torch, inputs, causal, workers)  # warm-up
-            turns = {"numpy": [], "torch matmul": [], "sdpa": []}
+            turns = {"numpy": [], "swapped": [], "sdpa": []}
             for _ in range(args.repeats):
                 for name, run in (("numpy", lambda: flash_times(np, inputs, causal, workers)[:2]),
-                                  ("torch matmul", lambda: flash_times(swapped, inputs, causal, workers)[:2]),
+                                  ("swapped", lambda: flash_times(swapped, inputs, causal, workers)[:2]),
                                   ("sdpa", lambda: sdpa_times(torch, inputs, causal, workers))):
                     time.sleep(0.2)
                     turns[name].append(run())
             med = {name: np.median(np.array(t), axis=0) * 1e3 for name, t in turns.items()}
+            ratios = (med["numpy"] / med["sdpa"], med["swapped"] / med["sdpa"])
             print(f"| {n} | {'causal' if causal else 'non-causal'} | {med['sdpa'][0]:.0f} | "
-                  f"{med['numpy'][0]:.0f} / {med['torch matmul'][0]:.0f} | {med['sdpa'][1]:.0f} | "
-                  f"{med['numpy'][1]:.0f} / {med['torch matmul'][1]:.0f} | {differs:.1e} |")
+                  f"{med['numpy'][0]:.0f} / {med['swapped'][0]:.0f} | {med['sdpa'][1]:.0f} | "
+                  f"{med['numpy'][1]:.0f} / {med['swapped'][1]:.0f} | {ratios[0][0]:.2f} / {ratios[1][0]:.2f} | "
+                  f"{ratios[0][1]:.2f} / {ratios[1][1]:.2f} | {differs:.1e} |")
 
 
 if __name__ == "__main__":

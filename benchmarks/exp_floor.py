@@ -10,8 +10,9 @@ tile (``fixed_shift_forward``), so NumPy's exp decides how close a forward comes
 - ``np.exp`` and ``np.exp2`` as this NumPy dispatches them (``numpy.lib.introspect``);
 - ``torch.exp``, where torch is installed;
 - where ``cc`` builds AVX2 + FMA code and the CPU runs it: a plain AVX2 loop (Cody-Waite range
-  reduction, a degree-6 polynomial, the exponent added into the bits: the textbook exp), then the
-  same loop reading and writing each 8 floats through ``vmaskmov`` as NumPy's AVX2 exp does.
+  reduction, a degree-6 polynomial, the exponent added into the bits: the textbook exp; 0 below
+  e^-87, inf above e^88, NaN kept), then the same loop reading and writing each 8 floats through
+  ``vmaskmov`` as NumPy's AVX2 exp does. ``blas_swap.py --swap exp`` runs flash with the plain one.
 
 The loops are a floor, not a contender: ag does not ship them. Their largest relative error
 against float64 exp is printed beside their time.
@@ -37,8 +38,8 @@ C_SOURCE = r"""
 #include <immintrin.h>
 #include <stddef.h>
 
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+static inline __m256 exp8(__m256 input) {
+    __m256 x = _mm256_min_ps(_mm256_max_ps(input, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
@@ -51,7 +52,11 @@ static inline __m256 exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.00000012e-1f));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    /* past the clamps: 0 below e^-87 (-inf included), +inf above e^88, NaN stays NaN */
+    p = _mm256_and_ps(p, _mm256_cmp_ps(input, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
+    p = _mm256_blendv_ps(p, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(input, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+    return _mm256_blendv_ps(p, input, _mm256_cmp_ps(input, input, _CMP_UNORD_Q));
 }
 
 void exp_plain(const float *x, float *y, size_t n) {

@@ -218,14 +218,45 @@ def test_blas_swap_runs_every_tile_product_on_torch_and_puts_numpy_back(torch_or
 
 def test_exp_floors_c_loops_compute_exp_to_float32s_precision(tmp_path):
     """benchmarks/exp_floor.py's AVX2 loops are the floor BENCHMARKS.md sets NumPy's exp against:
-    they must be a real exp, plain and masked alike, not a fast wrong answer."""
+    they must be a real exp, plain and masked alike, not a fast wrong answer: to float32's precision
+    from e^-87 to e^88, 0 below (a causal mask's -inf), inf above, NaN kept."""
     from exp_floor import ELEMENTS, build_loops
     loops, why = build_loops(str(tmp_path))
     if loops is None:
         pytest.skip(f"exp_floor's C loops cannot run here: {why}")
-    x = np.linspace(-87.0, 0.0, ELEMENTS, dtype=np.float32)
+    x = np.linspace(-87.0, 88.0, ELEMENTS, dtype=np.float32)
+    x[:8] = [-np.inf, -100.0, -87.5, np.nan, np.inf, 88.5, 100.0, -0.0]
     exact = np.exp(x.astype(np.float64))
     for name, fn in loops.items():
-        y = np.full_like(x, np.nan)
+        y = np.full_like(x, 7.0)
         fn(x.ctypes.data, y.ctypes.data, ELEMENTS)
-        assert np.max(np.abs(y / exact - 1)) < 3e-7, name
+        assert np.max(np.abs(y[8:] / exact[8:] - 1)) < 3e-7, name
+        np.testing.assert_array_equal(y[:8], np.array([0, 0, 0, np.nan, np.inf, np.inf, np.inf, 1], np.float32))
+
+
+def test_blas_swap_exp_runs_every_score_tiles_exp_in_the_c_loop_and_puts_numpy_back(monkeypatch, tmp_path):
+    """``blas_swap.py --swap exp``: with it, flash's loops take no in-place float32 exp from NumPy,
+    the answer (causal: masked scores are -inf) differs from NumPy's only in rounding, and flash's
+    modules get NumPy back."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "blas_swap.py"
+    spec = importlib.util.spec_from_file_location("blas_swap_benchmark", path)
+    swap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(swap)
+    from exp_floor import build_loops
+    loops, why = build_loops(str(tmp_path))
+    if loops is None:
+        pytest.skip(f"exp_floor's C loops cannot run here: {why}")
+    swapped = swap.c_exp_numpy()
+    numpy_exp, in_place = np.exp, []
+    monkeypatch.setattr(np, "exp", lambda x, *a, **kw: (kw.get("out") is x and in_place.append(x.dtype))
+                        or numpy_exp(x, *a, **kw))
+    rng = np.random.default_rng(0)
+    inputs = tuple(rng.standard_normal((1, 2, 600, 16), dtype=np.float32) for _ in range(4))  # 3 x 3 tiles
+    got = swap.flash_times(swapped, inputs, True, 1)[2]
+    assert all(module.np is np for module in swap.LOOP_MODULES)
+    assert np.float32 not in in_place
+    want = swap.flash_times(np, inputs, True, 1)[2]
+    assert in_place.count(np.float32) > 10
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
