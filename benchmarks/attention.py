@@ -465,7 +465,9 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
     limit = (f"one head on one thread (2c, N = {n}{', forward + backward' if step else ''}): flash "
              f"{flash * 1e3:.2f} ms against torch SDPA's {sdpa * 1e3:.2f}; {which} take "
              f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
-             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head): {passes}, which no NumPy "
+             f"{beyond * 1e3:.2f} ms ({beyond / sdpa:.0%} of torch SDPA's whole head), where torch SDPA spends "
+             f"{(sdpa - torch_products) * 1e3:.2f} ms beyond the same products on torch's matmul (its exp runs "
+             f"inside its tile loop, on data its products just wrote): {passes}, which no NumPy "
              "call fuses with the products, the per-row ops and the Python between calls. ")
     if blas > BLAS_PARITY:
         limit += ("NumPy's BLAS is slower than torch's on these tiles alone, yet on an Intel Xeon torch's "
