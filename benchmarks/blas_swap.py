@@ -66,7 +66,7 @@ def c_exp_numpy() -> types.SimpleNamespace:
                 and x.flags.c_contiguous and x.size % 8 == 0):
             loop(x.ctypes.data, x.ctypes.data, x.size)
             return x
-        return np.exp(x, **kwargs) if out is None else np.exp(x, out=out, **kwargs)
+        return np.exp(x, out=out, **kwargs)
     return types.SimpleNamespace(**{**vars(np), "exp": exp})
 
 
