@@ -254,10 +254,11 @@ def test_blas_swap_exp_runs_every_score_tiles_exp_in_the_c_loop_and_puts_numpy_b
                         or numpy_exp(x, *a, **kw))
     rng = np.random.default_rng(0)
     inputs = tuple(rng.standard_normal((1, 2, 600, 16), dtype=np.float32) for _ in range(4))  # 3 x 3 tiles
+    want = swap.flash_times(np, inputs, True, 1)[2]
+    on_numpy, in_place[:] = in_place.count(np.float32), []
     got = swap.flash_times(swapped, inputs, True, 1)[2]
     assert all(module.np is np for module in swap.LOOP_MODULES)
+    assert on_numpy > 0  # how many depends on the CPU (exp2 takes the bounded tiles where it is SVML's)
     assert np.float32 not in in_place
-    want = swap.flash_times(np, inputs, True, 1)[2]
-    assert in_place.count(np.float32) > 10
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
