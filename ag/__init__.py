@@ -1,4 +1,38 @@
-"""ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
+"""ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning.
+
+The module map: each module uses only those listed beside it, and each of those sits above it
+(one exception: `remat`'s example graphs build `nn` layers, while `nn` uses `remat.checkpoint`).
+Data flows one way, from ops through the engine to tracing and what draws it. `tests/test_layering.py` checks the
+map against the imports, and that no library module imports `demo` or `cli`, uses another
+module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` live in `ops` only).
+
+<!-- module map -->
+| module | uses | what it holds |
+| --- | --- | --- |
+| `modes` | — | switches: `no_grad`, `eager_grads`, the phase label (forward, backward, recompute), `watching` (whether anything watches the engine) |
+| `arrays` | — | where an array lives (NumPy or CuPy), what a Tensor accepts, `unbroadcast` |
+| `errors` | — | `GraphError` and `ShapeError` |
+| `hooks` | modes | watching ops as they are made (`record_tensors`, `observe_ops`) |
+| `export` | — | Perfetto trace JSON and PyTorch memory-snapshot pickles |
+| `tables` | — | printing a table of results |
+| `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term |
+| `trace` | export, modes | tracemalloc, the lecture's `start_trace`/`snapshot_trace`, categories, `count_ops`, `measure_activation_bytes` |
+| `discard` | arrays, errors, modes | discarding values and bringing them back: `discard_value_if_has_rematerializer`, `rematerialize`, `release_unneeded` |
+| `handover` | arrays, modes | the grad-handover rule: when a computed grad may become `.grad` without a copy |
+| `tensor_base` | errors | what a Tensor offers besides the engine: `ndim`, `size`, `nbytes`, printing, `.numpy()`, `.item()` |
+| `tensor` | arrays, discard, errors, handover, hooks, modes, tensor_base, trace | the Tensor, `make_output` and `Saved`, the topological sort, `backward`, `accumulate_grad` |
+| `ops/` | arrays, errors, handover, modes, tensor, trace | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `threads`, a large op's blocks shared among threads) |
+| `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
+| `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
+| `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
+| `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
+| `palette` | trace | one colour-blind-safe colour per memory category |
+| `plot/` | palette, trace | slide plots and the interactive HTML timeline |
+| `course/` | — | the course kit: assign, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |
+| `demo` | attention, memory_model, modes, nn, ops, plot, remat, tables, tensor, trace | the lecture demos |
+| `cli` | attention, course, demo, parallel | the `ag` command |
+<!-- module map -->
+"""
 from . import attention, memory_model, nn, remat, trace
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,

@@ -418,8 +418,8 @@ def module_map() -> dict[str, set[str]]:
 
 
 def _readme_map() -> dict[str, set[str]]:
-    readme = (PACKAGE.parent / "README.md").read_text()
-    block = readme.split("<!-- module map -->", 2)[1]
+    """The module map in ``ag/__init__.py``'s docstring (the README points there)."""
+    block = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text())).split("<!-- module map -->", 2)[1]
     rows = [line.split("|")[1:3] for line in block.splitlines() if line.startswith("| `")]
     return {name.strip(" `/"): {u.strip(" `/") for u in used.split(",") if u.strip() not in ("", "—")}
             for name, used in rows}
