@@ -1,5 +1,5 @@
 """ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning."""
-from . import attention, memory_model, nn, remat, trace
+from . import attention, lab, memory_model, nn, remat, trace
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
@@ -8,13 +8,13 @@ from .arrays import unbroadcast
 from .discard import discard_value_if_has_rematerializer, release_unneeded
 from .errors import GraphError
 from .modes import config, eager_grads, no_grad
-from .ops.threads import set_workers
+from .lab import set_workers
 from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topological_sort
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",
