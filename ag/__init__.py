@@ -21,8 +21,9 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `handover` | arrays, modes | the grad-handover rule: when a computed grad may become `.grad` without a copy |
 | `tensor_base` | errors | what a Tensor offers besides the engine: `ndim`, `size`, `nbytes`, printing, `.numpy()`, `.item()` |
 | `tensor` | arrays, discard, errors, handover, hooks, modes, tensor_base, trace | the Tensor, `make_output` and `Saved`, the topological sort, `backward`, `accumulate_grad` |
-| `ops/` | arrays, errors, handover, modes, tensor, trace | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `threads`, a large op's blocks shared among threads) |
-| `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
+| `ops/` | arrays, errors, handover, modes, tensor, trace | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `kernels`, the named seams where the lab plugs in) |
+| `lab/` | ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' seams (`enable`, `on`, `AG_LAB=1`), and `set_workers` |
+| `attention/` | arrays, lab, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
@@ -33,7 +34,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `cli` | attention, course, demo, parallel | the `ag` command |
 <!-- module map -->
 """
-from . import attention, memory_model, nn, remat, trace
+from . import attention, lab, memory_model, nn, remat, trace
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
@@ -42,13 +43,13 @@ from .arrays import unbroadcast
 from .discard import discard_value_if_has_rematerializer, release_unneeded
 from .errors import GraphError
 from .modes import config, eager_grads, no_grad
-from .ops.threads import set_workers
+from .lab import set_workers
 from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topological_sort
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",

@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from ag.ops.threads import cores
+    from ag.lab.threads import cores
     workers = args.workers or cores()
     swapped = torch_numpy(torch) if args.swap == "matmul" else c_exp_numpy()
     for line in machine_lines():

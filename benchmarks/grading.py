@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag.course import EXERCISES, REPO  # noqa: E402
 from ag.course.batch import grade_class  # noqa: E402
-from ag.ops.threads import cores  # noqa: E402
+from ag.lab.threads import cores  # noqa: E402
 from mlp import cpu_line  # noqa: E402
 
 CLASS = 300

@@ -18,6 +18,26 @@ def _clean_engine_state():
     assert ag.config.grad_enabled and not ag.config.eager_grads
 
 
+@pytest.fixture(scope="module", params=["classroom", "lab"])
+def each_path(request):
+    """A test module's tests twice: on the classroom path (the default) and with ``ag.lab`` on, its
+    thresholds down to 1 and two workers, so that even small arrays are shared in blocks."""
+    if request.param == "classroom":
+        assert not ag.lab.enabled(), "the lab was left on"
+        yield request.param
+        return
+    patch = pytest.MonkeyPatch()
+    patch.setattr(ag.lab.threads, "MIN_PASS", 1)
+    patch.setattr(ag.lab.threads, "MIN_PRODUCT", 1)
+    previous = ag.lab.set_workers(2)
+    try:
+        with ag.lab.on():
+            yield request.param
+    finally:
+        ag.lab.set_workers(previous)
+        patch.undo()
+
+
 @pytest.fixture
 def torch_or_skip():
     """torch, or a skip; CI sets AG_REQUIRE_TORCH=1 so that a missing torch fails instead."""

@@ -1,12 +1,14 @@
-"""Every op's backward agrees with central finite differences (float64, fixed seeds)."""
+"""Every op's backward agrees with central finite differences (float64, fixed seeds), on the
+classroom path and with the lab on (``each_path``)."""
 import math
 
 import numpy as np
 import pytest
 
 import ag
-from ag.ops.reductions import _DOT_SUM_MAX
 from gradcheck import BINARY_OPS, grad_check
+
+pytestmark = pytest.mark.usefixtures("each_path")
 
 
 def normal(*shape, seed=0):
@@ -178,15 +180,17 @@ def test_relu_keeps_the_dtype_and_equals_numpys_maximum_with_0(dtype):
 
 
 def _sums_as_a_dot(x: np.ndarray, axis) -> bool:
-    """ag.sum's short path: a float32 or float64 vector of at most _DOT_SUM_MAX (64) elements summed whole."""
-    return x.ndim == 1 and x.dtype in (np.float32, np.float64) and x.size <= _DOT_SUM_MAX and axis in (None, 0, (0,))
+    """The lab's short sum: a float32 or float64 vector of at most DOT_SUM_MAX (64) elements summed whole."""
+    return (x.ndim == 1 and x.dtype in (np.float32, np.float64) and x.size <= ag.lab.passes.DOT_SUM_MAX
+            and axis in (None, 0, (0,)))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64, np.int8, np.uint8, np.bool_])
 @pytest.mark.parametrize("shape", [(), (0,), (4,), (3, 5), (2, 3, 4), (1000, 37), (65,)])
 @pytest.mark.parametrize("keepdims", [False, True])
-def test_sum_equals_numpys_sum_bit_for_bit_in_its_dtype_and_shape(dtype, shape, keepdims):
-    """Bit for bit, but for a short float vector summed whole: that is x · 1 (the next test)."""
+def test_sum_equals_numpys_sum_bit_for_bit_in_its_dtype_and_shape(dtype, shape, keepdims, each_path):
+    """Bit for bit, but for a short float vector summed whole in the lab: that is x · 1
+    (tests/test_lab.py)."""
     x = np.asarray(np.random.default_rng(0).normal(0, 50, shape)).astype(dtype)
     if x.size and x.dtype.kind == "f":
         x.flat[0] = -0.0
@@ -194,43 +198,13 @@ def test_sum_equals_numpys_sum_bit_for_bit_in_its_dtype_and_shape(dtype, shape, 
         got = ag.sum(ag.Tensor(x), axis=axis, keepdims=keepdims).value
         expected = x.sum(axis=axis, keepdims=keepdims)
         assert type(got) is np.ndarray and got.dtype == expected.dtype and got.shape == np.shape(expected)
-        if not keepdims and _sums_as_a_dot(x, axis):
+        if each_path == "lab" and not keepdims and _sums_as_a_dot(x, axis):
             bound = x.size * np.finfo(dtype).eps * np.abs(x.astype(np.float64)).sum()  # the rounding bound
             assert abs(float(got) - float(expected)) <= bound
             continue
         np.testing.assert_array_equal(got, expected)
         if x.dtype.kind == "f":
             np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_short_vector_sums_as_its_dot_product_with_ones_within_the_rounding_bound(dtype):
-    """Up to 64 elements, ag.sum adds one element after another (BLAS's dot with ones), not in
-    NumPy's pairwise order: the result is within (n - 1)·eps·Σ|x| of the exact sum (math.fsum) and
-    equals the dot product it is said to be; from 65 elements on it is NumPy's sum again."""
-    rng = np.random.default_rng(3)
-    eps = np.finfo(dtype).eps
-    assert _DOT_SUM_MAX == 64  # the figure the docstring, the parametrized shape (65,) and BENCHMARKS.md give
-    for n in range(0, _DOT_SUM_MAX + 2):
-        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
-        got = ag.sum(ag.Tensor(x)).value
-        assert type(got) is np.ndarray and got.shape == () and got.dtype == dtype
-        exact = math.fsum(x.astype(np.float64))
-        assert abs(float(got) - exact) <= max(n - 1, 0) * eps * float(np.abs(x.astype(np.float64)).sum())
-        if n <= _DOT_SUM_MAX:
-            assert got == x.dot(np.ones(n, dtype))
-        else:
-            assert got == x.sum()
-    # special values take the same path and come out as in the sum
-    for values, expected in [([np.inf, 1.0], np.inf), ([np.inf, -np.inf], np.nan), ([np.nan, 1.0], np.nan),
-                             ([-0.0, -0.0], 0.0), ([], 0.0)]:
-        with np.errstate(invalid="ignore"):  # inf - inf warns, in NumPy's sum as in its dot
-            got = ag.sum(ag.Tensor(np.array(values, dtype))).value
-        np.testing.assert_array_equal(got, np.array(expected, dtype))
-    # the gradient is dout spread over the input, as for any sum
-    x = ag.Tensor(np.arange(5, dtype=dtype), requires_grad=True)
-    ag.sum(x).backward()
-    np.testing.assert_array_equal(x.grad, np.ones(5, dtype))
 
 
 def test_sigmoid_grad_matches_finite_differences_far_from_zero():

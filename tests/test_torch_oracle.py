@@ -1,4 +1,5 @@
-"""Every op's output and gradients agree with PyTorch autograd (float64, CPU)."""
+"""Every op's output and gradients agree with PyTorch autograd (float64, CPU), on the classroom
+path and with the lab on (``each_path``)."""
 import os
 
 import numpy as np
@@ -17,7 +18,7 @@ else:
     import torch
 F = torch.nn.functional
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("each_path")]
 
 SEEDS = [0, 1]
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ops.threads import blas_threads, cores, have_threadpoolctl
+from ..lab.threads import blas_threads, cores, have_threadpoolctl
 
 # Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
 # (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").

@@ -8,7 +8,7 @@ import numpy as np
 from ..handover import grad_to_overwrite
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
-from . import threads as _threads
+from .kernels import KERNELS, classroom
 from .operands import operand as _operand
 
 
@@ -45,34 +45,13 @@ def sqrt(a) -> Tensor:
 def relu(a) -> Tensor:
     """y = max(a, 0);  da = dy where y > 0, else 0 (reads only the output)."""
     a = _operand("relu", a)
-    if a.value.size < _threads.MIN_PASS or type(a.value) is not np.ndarray:  # small first: just np.maximum
-        value = np.maximum(a.value, _zero(a.value))
-    else:
-        value = np.empty_like(a.value)
-        _threads.elementwise(lambda y, x: np.maximum(x, _zero(x), out=y), value, a.value)
+    value = KERNELS.maximum(a.value, 0)
 
     def _backward(out: Tensor, saved: Saved) -> None:
         g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
-        _threads.elementwise(_relu_grad, g, saved[out])
+        KERNELS.multiply(g, saved[out] > 0, out=g)
         accumulate_grad(a, g)
     return make_output(value, "relu", (a,), _backward, saves_output=True)
-
-
-def _relu_grad(g: np.ndarray, y: np.ndarray) -> None:
-    np.multiply(g, y > 0, out=g)
-
-
-def _zero(x):
-    """0 in the dtype of x: for a NumPy float array, a 0-d array made once per dtype, which
-    np.maximum takes without converting a Python 0 on every call (np.maximum on a 4-element
-    array, 0.47 -> 0.28 us). Anything else (ints, GPU arrays) gets the Python 0."""
-    return _ZEROS.get(x.dtype, 0) if type(x) is np.ndarray else 0
-
-
-_ZEROS = {np.dtype(t): np.zeros((), t) for t in (np.float16, np.float32, np.float64, np.longdouble)}
-for _z in _ZEROS.values():
-    _z.flags.writeable = False
-del _z
 
 
 def tanh(a) -> Tensor:
@@ -105,28 +84,31 @@ def gelu(a) -> Tensor:
     """y = a/2 · (1 + tanh(c(a + 0.044715 a³))), c = √(2/π);
     da = dy · (½(1 + t) + a/2 · (1 - t²) · c(1 + 3·0.044715 a²))."""
     a = _operand("gelu", a)
-    y = _gelu_tanh(a.value)  # built in place: one buffer, no temporaries
-    _threads.elementwise(_gelu_from_tanh, y, a.value)
+    y = np.empty_like(a.value)  # built in place: one buffer, no temporaries
+    KERNELS.gelu(y, a.value)
 
     def _backward(out: Tensor, saved: Saved) -> None:
-        x = saved[a]
-        t = _gelu_tanh(x)
         g = grad_to_overwrite(out)
-        _threads.elementwise(_gelu_grad_from_tanh, g, t, x)
-        del t
+        KERNELS.gelu_grad(g, saved[a])
         accumulate_grad(a, g)
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
 
 
-def _gelu_from_tanh(y: np.ndarray, x: np.ndarray) -> None:
-    """y = x/2 · (1 + y), y holding t = tanh(c(x + 0.044715 x³)) on entry."""
+@classroom("gelu")
+def _gelu_into(y: np.ndarray, x: np.ndarray) -> None:
+    """y = x/2 · (1 + t), t = tanh(c(x + 0.044715 x³)), in y's buffer."""
+    _tanh_inner(y, x)
     y += 1
     y *= x
     y *= 0.5
 
 
-def _gelu_grad_from_tanh(g: np.ndarray, t: np.ndarray, x: np.ndarray) -> None:
-    """da = g + v·(1 + 3·0.044715x²), g = dy·½(1 + t), v = g·cx(1 - t), in t and dy's own buffer."""
+@classroom("gelu_grad")
+def _gelu_grad_into(g: np.ndarray, x: np.ndarray) -> None:
+    """g = dy · gelu'(x) in dy's buffer, with t = tanh(c(x + 0.044715 x³)) its one temporary:
+    g = dy·½(1 + t) + v·(1 + 3·0.044715x²), v = dy·½(1 + t)·cx(1 - t)."""
+    t = np.empty_like(x)
+    _tanh_inner(t, x)
     t += 1
     g *= t
     g *= 0.5
@@ -141,14 +123,8 @@ def _gelu_grad_from_tanh(g: np.ndarray, t: np.ndarray, x: np.ndarray) -> None:
     g += t
 
 
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """t = tanh(c(x + 0.044715 x³)) in one fresh buffer (x·x·x: float ** 3 is 100× slower)."""
-    t = np.empty_like(x)  # an array even when x is 0-d
-    _threads.elementwise(_tanh_inner, t, x)
-    return t
-
-
 def _tanh_inner(t: np.ndarray, x: np.ndarray) -> None:
+    """t = tanh(c(x + 0.044715 x³)) in t's buffer (x·x·x: float ** 3 is far slower)."""
     np.multiply(x, x, out=t)
     t *= x
     t *= 0.044715

@@ -1,18 +1,18 @@
-"""One large op's NumPy work shared among threads, block by block.
+"""The lab's threads: one large op's NumPy work shared among them, block by block.
 
 NumPy's BLAS shares a product among its own threads, but every other pass (exp, tanh, a
 softmax's max and sum) runs on one core. Sharing those passes among Python threads alone did not
 pay: OpenBLAS's idle threads spin for a while after each product, so a pass started just after
-one found the second core taken (BENCHMARKS.md, "What limits"). So a large op shares both: its
-output is cut into blocks along a leading axis, the blocks are dealt to ``workers`` threads
-(the caller takes the first), and a product's blocks run with BLAS held to one thread, which
-leaves OpenBLAS's own threads asleep. A smaller product stays one BLAS call on BLAS's own threads,
-and a smaller pass on the caller's thread: handing them over costs more than it saves.
+one found the second core taken (docs/lab.md). So a large op shares both: its output is cut into
+blocks along a leading axis, the blocks are dealt to ``workers`` threads (the caller takes the
+first), and a product's blocks run with BLAS held to one thread, which leaves OpenBLAS's own
+threads asleep. A smaller product stays one BLAS call on BLAS's own threads, and a smaller pass on
+the caller's thread: handing them over costs more than it saves.
 
 Each block is computed by the same NumPy calls whichever thread takes it: a pass's rows and
 elements do not depend on each other, and a product is computed in steps whose size depends on
-its shape alone, one BLAS call each on one BLAS thread (``matmul._ProductBlocks``), also with one
-worker. So results are bit-identical for any number of workers (``tests/test_op_threads.py``).
+its shape alone, one BLAS call each on one BLAS thread (``products.ProductBlocks``), also with one
+worker. So results are bit-identical for any number of workers (``tests/test_lab_threads.py``).
 Every array an op returns or keeps is still allocated once, by the caller, so ``ag.trace`` sees
 the same buffers; the pool's threads, started at the first large op, keep none of them.
 """
@@ -28,14 +28,10 @@ from typing import Callable
 
 import numpy as np
 
-# Below these sizes the op stays on the caller's thread, and a product on BLAS's own threads.
-# Waking a kept thread takes 20 to 45 µs, and the woken thread often starts on the caller's busy
-# core, not the idle one (17 of the 72 shared products of a --quick transformer step): in an MLP's
-# step a (512 × 256) @ (256 × 256) product took 0.8 ms on two op threads against 0.5 on OpenBLAS's
-# own two, whose threads spin between calls (BENCHMARKS.md, "History").
-MIN_PRODUCT = 1 << 27  # multiply-adds of a product: (1024 × 512) @ (512 × 256), about 2.7 ms on one core
-MIN_PASS = 1 << 19  # elements of an elementwise or row-wise pass (2 MB of float32): GeLU of 2^18 took
-# 0.43 ms on two threads, 0.28 on one; of 2^19, 0.42 against 0.60
+# Below these sizes the op stays on the caller's thread, and a product on BLAS's own threads:
+# waking a kept thread costs more than it saves there (docs/lab.md, "Threads").
+MIN_PRODUCT = 1 << 27  # multiply-adds of a product: (1024 × 512) @ (512 × 256)
+MIN_PASS = 1 << 19  # elements of an elementwise or row-wise pass (2 MB of float32)
 
 _workers: int | None = None  # None: the cores this process may run on, when threadpoolctl can hold BLAS
 
@@ -74,7 +70,7 @@ def have_threadpoolctl() -> bool:
 @functools.cache
 def blas_threads():
     """threadpoolctl's view of the BLAS libraries loaded now (NumPy's among them), made once:
-    ``threadpool_limits`` reads /proc's memory map on every call, 0.6 ms of an 18 ms forward."""
+    ``threadpool_limits`` reads /proc's memory map on every call."""
     from threadpoolctl import ThreadpoolController
     return ThreadpoolController()
 

@@ -1,4 +1,4 @@
-"""ag.ops.threads: a large op's blocks shared among threads give the same bits as one thread."""
+"""ag.lab's threads: with the lab on, a large op's blocks shared among threads give the same bits as one thread."""
 import os
 import subprocess
 import sys
@@ -9,9 +9,15 @@ import numpy as np
 import pytest
 
 import ag
-from ag.ops import threads
+from ag.lab import threads
 
 pytestmark = pytest.mark.skipif(not threads.have_threadpoolctl(), reason="needs threadpoolctl (ag[fast])")
+
+
+@pytest.fixture(autouse=True)
+def lab_on():
+    with ag.lab.on():
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -160,8 +166,8 @@ def test_layer_norm_and_its_grads_are_bit_identical_for_any_number_of_workers_an
         y = ag.layer_norm(x, g, b)
         ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
         return y.value, x.grad, g.grad, b.grad
-    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("forward_rows", "backward_rows"))
-    assert shared == {"forward_rows": 2, "backward_rows": 2}, "layer_norm's rows were not shared among 2 threads"
+    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("layer_norm", "layer_norm_grad"))
+    assert shared == {"layer_norm": 2, "layer_norm_grad": 2}, "layer_norm's rows were not shared among 2 threads"
     assert_same_bits(results)
     assert results[0][1].dtype == dtype and np.isfinite(results[0][1]).all()
 
@@ -182,8 +188,8 @@ def test_dropout_its_mask_and_grad_are_bit_identical_for_any_number_of_workers_a
         y = ag.dropout(x, 0.25, np.random.default_rng(7))
         ag.sum(ag.mul(y, ag.Tensor(dy))).backward()
         return y.value, x.grad, fused.keep_mask(np.random.default_rng(8), x0.shape, 0.25)
-    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("chunks", "<lambda>"))
-    assert shared == {"chunks": 2, "<lambda>": 2}, "the mask's chunks or the backward's passes ran on one thread"
+    results, shared = runs_shared_and_not(monkeypatch, workers, step, x0.size, ("chunks_of", "<lambda>"))
+    assert shared == {"chunks_of": 2, "<lambda>": 2}, "the mask's chunks or the backward's passes ran on one thread"
     assert_same_bits(results)
     y, dx, _ = results[0]
     kept = y != 0
@@ -345,9 +351,8 @@ def test_the_default_is_the_cores_this_process_may_run_on_not_the_machines():
     pytest.importorskip("threadpoolctl")
     child = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-        "import importlib; from ag.ops import threads; from ag.attention import sharing\n"
-        "matmul = importlib.import_module('ag.ops.matmul')\n"
-        "print(os.cpu_count(), threads.cores(), threads.workers(), sharing.count(None), matmul._STEPS)\n")
+        "from ag.lab import products, threads; from ag.attention import sharing\n"
+        "print(os.cpu_count(), threads.cores(), threads.workers(), sharing.count(None), products.STEPS)\n")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()
     machine, cores, op_workers, attention_workers, steps = map(int, out)
