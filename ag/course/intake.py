@@ -11,7 +11,8 @@ trusted), over all files too, and every read has a deadline.
 
 As root, a hard link inside the upload is a regular file that can be anything on the same file
 system (/etc/shadow, a classmate's work, a hidden test): a file with other links, or not owned by
-the upload's owner, is refused too. Notes are for the student: they name files by their name in
+the upload's owner, is refused too (both names of a hard link are, so one between two uploads, which
+only someone who can write the class folder can make, costs both). Notes are for the student: they name files by their name in
 the upload, escaped, never by a path on the grading machine.
 """
 from __future__ import annotations
@@ -68,9 +69,9 @@ def take(upload: Path | str, dest: Path | str) -> Intake:
     dest.mkdir(mode=0o700)
     top = os.open(upload, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        notes: list[str] = []
+        notes, later = [], []  # the exercise files' notes first: a clipped list still shows them
         owner = os.fstat(top).st_uid
-        root = _open_root(top, notes)
+        root = _open_root(top, later)
         try:
             found = _read_all(root, owner, notes)
         finally:
@@ -78,6 +79,7 @@ def take(upload: Path | str, dest: Path | str) -> Intake:
     finally:
         os.close(top)
     files = _write(dest, found, notes)
+    notes += later
     if not files and not notes:
         notes.append("no exercise file (exN_name.py) or notebook (.ipynb) was found in your upload")
     return Intake(dest, files, _clipped(notes))
@@ -133,7 +135,7 @@ def _read_all(root: int, owner: int, notes: list[str]) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     budget = MAX_TOTAL
     deadline = time.monotonic() + TAKE_SECONDS
-    for entry in sorted(_entries(root), key=lambda e: e.name):
+    for entry in sorted(_entries(root), key=lambda e: (e.name not in EXERCISE_FILES, e.name)):
         if not _wanted(entry.name):
             continue
         cap = MAX_FILE if entry.name in EXERCISE_FILES else MAX_NOTEBOOK
