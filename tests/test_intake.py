@@ -274,3 +274,13 @@ def test_extract_reads_a_source_given_as_a_list_of_lines():
     files = extract.exercise_files("nb.ipynb", json.dumps({"nbformat": 4, "cells": [
         {"cell_type": "code", "source": ["def merge_softmax_blocks(a, b):\n", "    return a\n"]}]}).encode())
     assert list(files) == [EX[3].filename] and "    return a\n" in files[EX[3].filename]
+
+
+def test_a_notebook_whose_exercise_would_exceed_the_file_cap_gives_no_file(tmp_path):
+    up = tmp_path / "up"
+    up.mkdir()
+    padding = "padding = '" + "x" * intake.MAX_FILE + "'\n"
+    notebook(up / "huge.ipynb", "def merge_softmax_blocks(a, b):\n    return a\n", padding)
+    taken = intake.take(up, tmp_path / "copy")
+    assert taken.files == [] and taken.notes == [f"huge.ipynb: {EX[3].filename} not graded, its definitions are "
+                                                 "larger than 2 MB"]

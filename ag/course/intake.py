@@ -214,6 +214,9 @@ def _write(dest: Path, found: dict[str, bytes], notes: list[str]) -> list[str]:
         if not extracted:
             notes.append(f"{shown(name)}: nothing taken, it does not define all the functions of any exercise")
         for filename, source in extracted.items():
+            if len(source.encode()) > MAX_FILE:  # the worker takes no larger exercise file
+                notes.append(f"{shown(name)}: {filename} not graded, its definitions are larger than {_mb(MAX_FILE)}")
+                continue
             files.setdefault(filename, source.encode())
     for filename, data in files.items():
         (dest / filename).write_bytes(data)
