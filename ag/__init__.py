@@ -29,7 +29,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
-| `course/` | — | the course kit: assign, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |
+| `course/` | — | the course kit: assign, intake, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |
 | `demo` | attention, memory_model, modes, nn, ops, plot, remat, tables, tensor, trace | the lecture demos |
 | `cli` | attention, course, demo, parallel | the `ag` command |
 <!-- module map -->

@@ -117,7 +117,6 @@ def _grade(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import course
-    from .course import batch
     if args.autograder:
         path = course.autograder_bundle(args.autograder)
         print(f"Gradescope autograder bundle written: {path}")
@@ -125,22 +124,23 @@ def _grade(args: argparse.Namespace) -> int:
     if not args.submission:
         print("ag grade: give a submission folder, or --autograder OUT.zip", file=sys.stderr)
         return 2
-    if _is_class(args.submission):
+    if _is_class(args.submission, class_flags=bool(args.csv or args.json_dir)):
         return _grade_class(args)
     if args.csv or args.json_dir:
         print(f"ag grade: {args.submission} holds one student's exercise files; --csv and --json-dir are for a "
               "class folder (one subfolder per student), use --json", file=sys.stderr)
         return 2
     try:
-        with batch.prepared(args.submission) as (folder, notes):
-            if args.json:
-                Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
-            hide = [Path(args.json).resolve().parent] if args.json else []  # student code never sees results
-            report = course.grade(folder, args.tests, timeout=args.timeout, hide=hide)
+        if args.json:
+            Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
+        # student code never sees the results, nor the upload (the workers get the intake's copy)
+        hide = [Path(args.json).resolve().parent] if args.json else []
+        hide.append(Path(args.submission).resolve().parent)
+        report = course.grade(args.submission, args.tests, timeout=args.timeout, hide=hide)
     except RuntimeError as error:  # the judge itself failed: no grade, no results file
         print(f"ag grade: no grade: {error}", file=sys.stderr)
         return 3
-    for note in notes:
+    for note in report.notes:
         print(f"skipped: {note}", file=sys.stderr)
     for t in report.tests:
         print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {t.name}")
@@ -152,13 +152,16 @@ def _grade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_class(folder: str) -> bool:
-    """A class folder holds one subfolder per student and no exercise files of its own."""
+def _is_class(folder: str, *, class_flags: bool) -> bool:
+    """A class folder holds one subfolder per student; one student's upload holds its files at the
+    top or in one enclosing folder (intake.locate), which --csv or --json-dir read as a class of one."""
     from pathlib import Path
-    path = Path(folder)
-    own = [*path.glob("ex*.py"), *path.glob("*.ipynb")]
-    return path.is_dir() and not own and any(p.is_dir() and not p.name.startswith((".", "__"))
-                                              for p in path.iterdir())
+
+    from .course import intake
+    if not Path(folder).is_dir():
+        return False
+    where = intake.locate(folder)
+    return where is None or (where != "" and class_flags)
 
 
 def _grade_class(args: argparse.Namespace) -> int:

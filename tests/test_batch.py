@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from ag import course
-from ag.course import batch
+from ag.course import batch, extract, intake
 
 REPO = course.REPO
 EX3 = next(e for e in course.EXERCISES if e.number == 3)
@@ -67,8 +67,17 @@ def max_points_by_exercise(report):
 
 # ---- notebooks ----
 
+def extracted(notebook, dest):
+    """The exercise files the notebook gives, written into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = extract.exercise_files(notebook.name, notebook.read_bytes())
+    for name, source in files.items():
+        (dest / name).write_text(source)
+    return [dest / name for name in files]
+
+
 def test_a_notebook_gives_its_functions_and_never_runs_its_demo_cells(tmp_path):
-    written = batch.notebook_submission(ex3_notebook(tmp_path / "homework.ipynb"), tmp_path / "out")
+    written = extracted(ex3_notebook(tmp_path / "homework.ipynb"), tmp_path / "out")
     assert written == [tmp_path / "out" / EX3.filename]
     module = import_file(written[0])  # the demo cell would raise
     assert callable(module.merge_softmax_blocks)
@@ -78,31 +87,31 @@ def test_a_notebook_gives_its_functions_and_never_runs_its_demo_cells(tmp_path):
 def test_a_magic_inside_a_function_becomes_pass(tmp_path):
     notebook = write_notebook(tmp_path / "nb.ipynb", "def merge_softmax_blocks(a, b):\n    %time x = 1\n"
                               "    return a\n\n%timeit merge_softmax_blocks(1, 2)\n")
-    module = import_file(batch.notebook_submission(notebook, tmp_path)[0])
+    module = import_file(extracted(notebook, tmp_path)[0])
     assert module.merge_softmax_blocks("a", "b") == "a"
 
 
 def test_a_notebook_writes_only_the_exercises_whose_functions_it_all_defines(tmp_path):
     notebook = write_notebook(tmp_path / "nb.ipynb", "def plan(n, strategy):\n    return []\n",
                               "def merge_softmax_blocks(a, b):\n    return a\n")
-    assert [p.name for p in batch.notebook_submission(notebook, tmp_path)] == [EX3.filename]
+    assert [p.name for p in extracted(notebook, tmp_path)] == [EX3.filename]
 
 
 def test_a_notebook_cell_that_is_not_python_is_a_clear_error(tmp_path):
     notebook = write_notebook(tmp_path / "broken.ipynb", "def merge_softmax_blocks(a, b:\n    return a\n")
-    with pytest.raises(batch.NotebookError, match=r"broken\.ipynb.*not Python"):
-        batch.notebook_submission(notebook, tmp_path)
+    with pytest.raises(extract.NotebookError, match=r"broken\.ipynb.*not Python"):
+        extracted(notebook, tmp_path)
     (tmp_path / "text.ipynb").write_text("not json")
-    with pytest.raises(batch.NotebookError, match=r"text\.ipynb is not a notebook"):
-        batch.notebook_submission(tmp_path / "text.ipynb", tmp_path)
+    with pytest.raises(extract.NotebookError, match=r"text\.ipynb is not a notebook"):
+        extracted(tmp_path / "text.ipynb", tmp_path)
 
 
 def test_a_py_file_wins_over_a_notebook_for_the_same_exercise(tmp_path):
     student = copy_exercises(REPO / "exercises", tmp_path / "s")
     ex3_notebook(student / "homework.ipynb")
-    with batch.prepared(student) as (folder, notes):
-        assert (folder / EX3.filename).read_text() == (student / EX3.filename).read_text()
-        assert notes == []
+    taken = intake.take(student, tmp_path / "copy")
+    assert (taken.folder / EX3.filename).read_text() == (student / EX3.filename).read_text()
+    assert taken.notes == []
 
 
 # ---- a class ----

@@ -5,6 +5,8 @@ One concept per file:
 - ``exercises``: which functions each exercise cuts out of ag, its statement and self-check;
 - ``assign``: generating exercises/, solutions/ and the student release from the marked source;
 - ``install``: putting a student's functions into ag in place of the library's own;
+- ``intake``: the first station: a student's upload copied once, following no link;
+- ``extract``: a student's notebook turned into exercise files;
 - ``grade``: grading one submission, and the results it reports;
 - ``judge``: the pytest plugin that runs the checks, on data that sandboxed workers return;
 - ``sandbox`` and ``launcher``: starting a worker as an unprivileged user in its own namespaces;

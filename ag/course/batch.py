@@ -1,155 +1,27 @@
-"""Grading a whole class: one folder per student, notebooks turned into exercise files, several
-students graded at once, then a gradebook CSV and one Gradescope results.json per student.
+"""Grading a whole class: one folder per student, several students graded at once, then a
+gradebook CSV and one Gradescope results.json per student.
 
-A notebook gives the grader only its imports and definitions: its demo cells never run.
+Each student's folder goes through the intake station (``intake``) inside ``Judge.grade``: what
+it did not take (a link, a bad notebook) is noted in the gradebook's error column.
 """
 from __future__ import annotations
 
-import ast
-import contextlib
 import csv
 import json
 import os
 import queue
-import re
-import shutil
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Iterator
 
 from .exercises import EXERCISES
 from .grade import Judge, Report, TestResult
 
-# IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
-MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
-# what a plain top-level constant may be built from: no calls, subscripts or comprehensions
-CONSTANT_NODES = (ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.BinOp, ast.UnaryOp, ast.operator,
-                  ast.unaryop, ast.Tuple, ast.List, ast.Set, ast.Dict)
-
-
 MAX_ERROR = 10_000  # characters of a failed grading kept in the student's results
 MAX_ERROR_LINE = 300  # and in the gradebook
-
-
-class NotebookError(ValueError):
-    """A notebook that is not valid JSON, not nbformat 4, or holds a code cell that is not Python."""
-
-
-def notebook_submission(ipynb: Path | str, dest: Path | str) -> list[Path]:
-    """Write ``dest/exN_name.py`` for every exercise whose functions the notebook all defines.
-
-    Each file is the notebook's top-level imports and definitions (functions, classes, plain
-    constants) in cell order; expression statements and calls, the demo cells, are left out.
-    """
-    ipynb, dest = Path(ipynb), Path(dest)
-    nodes = [(python, node) for source in _code_cells(ipynb) for python, node in _kept(ipynb, source)]
-    defined = {node.name for _, node in nodes if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    body = "\n\n".join(_segment(source, node) for source, node in nodes)
-    written = []
-    dest.mkdir(parents=True, exist_ok=True)
-    for exercise in EXERCISES:
-        if all(name in defined for _, name in exercise.functions):
-            path = dest / exercise.filename
-            path.write_text(f'"""{exercise.module_name}: the imports and definitions of {ipynb.name}."""\n'
-                            f"from __future__ import annotations\n\n{body}\n")
-            written.append(path)
-    return written
-
-
-def _code_cells(ipynb: Path) -> list[str]:
-    try:
-        notebook = json.loads(ipynb.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise NotebookError(f"{ipynb.name} is not a notebook: not valid JSON ({error})") from None
-    if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
-        raise NotebookError(f"{ipynb.name} is not an nbformat 4 notebook (no 'nbformat': 4 with a list of cells)")
-    sources = []
-    for cell in notebook["cells"]:
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
-            source = cell.get("source", "")
-            sources.append("".join(source) if isinstance(source, list) else str(source))
-    return sources
-
-
-def _kept(ipynb: Path, source: str) -> list[tuple[str, ast.stmt]]:
-    """The top-level imports, definitions and constant assignments of one code cell, each with
-    the Python source it was parsed from."""
-    if source.lstrip().startswith("%%"):
-        return []  # a cell magic (%%timeit, %%bash, ...): its body is not Python
-    python, tree = _parse(ipynb, source)
-    return [(python, node) for node in tree.body if _is_definition(node)]
-
-
-def _parse(ipynb: Path, source: str) -> tuple[str, ast.Module]:
-    try:
-        return source, ast.parse(source)  # a cell that parses is kept byte for byte, strings included
-    except SyntaxError:
-        pass
-    python = "\n".join(_without_magic(line) for line in source.splitlines())
-    try:
-        return python, ast.parse(python)
-    except SyntaxError as error:
-        first = source.strip().splitlines()[0] if source.strip() else ""
-        raise NotebookError(f"{ipynb.name}: the code cell starting {first[:60]!r} is not Python: "
-                            f"{error.msg} on its line {error.lineno}") from None
-
-
-def _without_magic(line: str) -> str:
-    """``pass`` at the same indent in place of an IPython line, so that the blocks around it stay valid."""
-    if not MAGIC.match(line):
-        return line
-    return line[:len(line) - len(line.lstrip())] + "pass"
-
-
-def _is_definition(node: ast.stmt) -> bool:
-    if isinstance(node, ast.ImportFrom):
-        return node.module != "__future__"  # the written file starts with its own
-    if isinstance(node, (ast.Import, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return True
-    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return (all(isinstance(t, ast.Name) for t in targets)
-                and all(isinstance(n, CONSTANT_NODES) for n in ast.walk(node.value)))
-    return False
-
-
-def _segment(source: str, node: ast.stmt) -> str:
-    """The node's source text, its decorators included."""
-    decorators = getattr(node, "decorator_list", None)
-    first, col = (decorators[0], 0) if decorators else (node, node.col_offset)  # from the '@' on
-    span = SimpleNamespace(lineno=first.lineno, col_offset=col, end_lineno=node.end_lineno,
-                           end_col_offset=node.end_col_offset)
-    return ast.get_source_segment(source, span)
-
-
-@contextlib.contextmanager
-def prepared(folder: Path | str) -> Iterator[tuple[Path, list[str]]]:
-    """The student's folder ready to grade, with the notes of notebooks that could not be read.
-
-    Without notebooks that is ``folder`` itself; with them a temporary copy in which each
-    notebook's exercises were written first, so that a .py file wins over a notebook.
-    """
-    folder = Path(folder)
-    notebooks = sorted(folder.glob("*.ipynb"))
-    if not notebooks:
-        yield folder, []
-        return
-    with tempfile.TemporaryDirectory(prefix="ag-student-") as temp:
-        notes = []
-        for notebook in notebooks:
-            try:
-                notebook_submission(notebook, temp)
-            except NotebookError as error:
-                notes.append(str(error))
-        for file in folder.iterdir():
-            if file.is_file() and file.suffix != ".ipynb":
-                shutil.copy(file, temp)
-        yield Path(temp), notes
 
 
 def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: int = 1, timeout: float = 60.0,
@@ -166,7 +38,8 @@ def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: in
         Path(json_dir).mkdir(parents=True, exist_ok=True)
     reports, errors = {}, {}
     bar = Progress(len(students), enabled=progress)
-    hide = [Path(p).resolve() for p in (csv_path, json_dir) if p is not None]
+    # the workers see neither the results nor the class (they get the intake's copies)
+    hide = [Path(p).resolve() for p in (csv_path, json_dir, folder) if p is not None]
     for student, report, error in _graded(students, tests, jobs, timeout, hide):
         reports[student] = report
         if error:
@@ -222,9 +95,10 @@ def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: l
 def _grade_student(judge: Judge, folder: Path) -> tuple[Report, str]:
     """The student's report and a one-line error ("" when grading went through)."""
     try:
-        with prepared(folder) as (submission, notes):
-            report = judge.grade(submission)
-        return report, "; ".join(notes)
+        if folder.is_symlink():  # an archive's link among the students: whatever it names is no one's upload
+            raise NotADirectoryError(f"{folder.name} is a link, not a student's folder: links are not followed")
+        report = judge.grade(folder)
+        return report, "; ".join(report.notes)
     except Exception as error:  # one student's failure never stops the class
         text = f"grading failed: {type(error).__name__}: {error}"
         line = " ".join(text.split())

@@ -1,7 +1,8 @@
 """Grading one submission: the judge runs in a process of its own, and the results come back
 as Gradescope's results.json.
 
-``grade`` starts the judge (``python -m ag.course.judge``), which runs the graded tests'
+``grade`` copies the submission through the intake station (``intake``: no link followed),
+then starts the judge (``python -m ag.course.judge``) on that copy, which runs the graded tests'
 checks and sends their probes to sandboxed workers (see ``judge`` and ``sandbox``); it reads
 the judge's results after the judge and every worker are gone.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import fenced
 from .exercises import EXERCISES, REPO
+from .intake import take
 
 ISOLATION_REDUCED = ("ag grade: isolation is reduced: not running as root, so student code runs as you, "
                      "with your network and files (in a separate process whose output decides nothing)")
@@ -44,6 +48,7 @@ class TestResult:
 class Report:
     tests: list[TestResult] = field(default_factory=list)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the intake did not take from the upload, and why
 
     @property
     def score(self) -> float:
@@ -62,8 +67,11 @@ class Report:
         return scores
 
     def gradescope(self) -> dict:
-        """Gradescope's results.json; outputs are Markdown, hidden tests wait until published."""
+        """Gradescope's results.json; outputs are Markdown, hidden tests wait until published; the
+        intake's notes, which name the student's files, are shown as code."""
+        notes = {"output": "Not graded from your upload:\n\n" + fenced("\n".join(self.notes))} if self.notes else {}
         return {
+            **notes,
             "score": self.score,
             "max_score": self.max_score,
             "execution_time": round(self.seconds, 2),
@@ -84,6 +92,7 @@ RESULTS_SCHEMA = {
     "properties": {
         "score": {"type": "number", "minimum": 0},
         "max_score": {"type": "number", "minimum": 0},
+        "output": {"type": "string"},
         "execution_time": {"type": "number", "minimum": 0},
         "output_format": {"enum": ["text", "html", "simple_format", "md", "ansi"]},
         "test_output_format": {"enum": ["text", "html", "simple_format", "md", "ansi"]},
@@ -144,14 +153,17 @@ class Judge:
                                         stderr=self.log, text=True)
 
     def grade(self, submission: Path | str) -> Report:
-        submission = Path(submission).resolve()
-        if not submission.is_dir():
-            raise FileNotFoundError(f"grade: the submission {submission} is not a folder")
+        """Grade the upload ``submission``: the judge sees only the intake's copy of it."""
+        upload = Path(submission).resolve()
+        if not upload.is_dir():
+            raise FileNotFoundError(f"grade: the submission {upload} is not a folder")
         started = time.perf_counter()
-        out = Path(self.scratch.name) / "results.json"
+        copy, out = Path(self.scratch.name) / "submission", Path(self.scratch.name) / "results.json"
+        shutil.rmtree(copy, ignore_errors=True)
         out.unlink(missing_ok=True)
+        intake = take(upload, copy)
         try:
-            self.process.stdin.write(json.dumps({"submission": str(submission), "out": str(out)}) + "\n")
+            self.process.stdin.write(json.dumps({"submission": str(copy), "out": str(out)}) + "\n")
             self.process.stdin.flush()
             reply = json.loads(self.process.stdout.readline() or "{}")
         except (OSError, ValueError) as error:
@@ -159,7 +171,7 @@ class Judge:
         if reply.get("ok") is not True or not out.exists():
             raise RuntimeError(f"grade: {reply.get('error', 'the judge ended')}:\n{self._log_tail()}")
         results = json.loads(out.read_text())
-        return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started)
+        return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started, notes=intake.notes)
 
     def _log_tail(self) -> str:
         self.log.flush()

@@ -29,7 +29,8 @@ python3 -m venv {VENV}
 """
 
 RUN_AUTOGRADER = f"""#!/usr/bin/env bash
-# Gradescope runs this for every submission; the student's files are in /autograder/submission.
+# Gradescope runs this for every submission; the student's files are in /autograder/submission, which
+# ag grade copies through its intake (regular files only, no link followed) before anything reads them.
 set -uo pipefail
 mkdir -p /autograder/results
 cd /autograder/source  # the grader runs each test from here (tests/grading/..)

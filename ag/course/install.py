@@ -66,8 +66,8 @@ def _exercise_of(module) -> Exercise:
 def load_submission(folder: Path | str, exercise: Exercise):
     """Import a student's exercise file from ``folder`` as a fresh module."""
     path = Path(folder) / exercise.filename
-    if not path.exists():
-        raise FileNotFoundError(f"no {exercise.filename} in {folder}")
+    if not path.exists():  # the student reads this: the sandbox's folder is no name of theirs
+        raise FileNotFoundError(f"no {exercise.filename} in your submission")
     spec = importlib.util.spec_from_file_location(exercise.module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[exercise.module_name] = module

@@ -1,0 +1,127 @@
+"""A student's notebook, turned into exercise files: its imports and definitions, never its demo cells.
+
+A notebook is student data, read defensively: invalid JSON, JSON nested too deeply, a cell that is
+not an object, a ``source`` that is not text, a code cell that is not Python, each raise
+NotebookError with a sentence that names the notebook, so a bad notebook costs only its own
+exercises (see ``intake``).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from types import SimpleNamespace
+
+from .exercises import EXERCISES
+
+# IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
+MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
+# what a plain top-level constant may be built from: no calls, subscripts or comprehensions
+CONSTANT_NODES = (ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.BinOp, ast.UnaryOp, ast.operator,
+                  ast.unaryop, ast.Tuple, ast.List, ast.Set, ast.Dict)
+
+
+class NotebookError(ValueError):
+    """A notebook that is not valid JSON, not nbformat 4, or holds a code cell that is not Python."""
+
+
+def exercise_files(name: str, data: bytes) -> dict[str, str]:
+    """``{exN_name.py: source}`` for every exercise whose functions the notebook all defines.
+
+    Each source is the notebook's top-level imports and definitions (functions, classes, plain
+    constants) in cell order; expression statements and calls, the demo cells, are left out.
+    ``name`` is how messages call the notebook (the student's own name for it, already escaped).
+    """
+    nodes = [(python, node) for source in code_cells(name, data) for python, node in _kept(name, source)]
+    defined = {node.name for _, node in nodes if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    body = "\n\n".join(_segment(source, node) for source, node in nodes)
+    return {exercise.filename: f'"""{exercise.module_name}: the imports and definitions of {name}."""\n'
+                               f"from __future__ import annotations\n\n{body}\n"
+            for exercise in EXERCISES if all(function in defined for _, function in exercise.functions)}
+
+
+def code_cells(name: str, data: bytes) -> list[str]:
+    """The source of each code cell, in order."""
+    try:
+        notebook = json.loads(data)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise NotebookError(f"{name} is not a notebook: not valid JSON ({error})") from None
+    except RecursionError:
+        raise NotebookError(f"{name} is not a notebook: its JSON is nested too deeply to read") from None
+    if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
+        raise NotebookError(f"{name} is not an nbformat 4 notebook (no 'nbformat': 4 with a list of cells)")
+    sources = []
+    for number, cell in enumerate(notebook["cells"], 1):
+        if not isinstance(cell, dict):
+            raise NotebookError(f"{name}: cell {number} is not a cell (a JSON object), it is a {type(cell).__name__}")
+        if cell.get("cell_type") == "code":
+            sources.append(_text(name, number, cell.get("source", "")))
+    return sources
+
+
+def _text(name: str, number: int, source) -> str:
+    """A cell's source: a string, or a list of strings (its lines) as nbformat writes it."""
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        return "".join(source)
+    raise NotebookError(f"{name}: code cell {number}'s source is not text (a string or a list of strings)")
+
+
+def _kept(name: str, source: str) -> list[tuple[str, ast.stmt]]:
+    """The top-level imports, definitions and constant assignments of one code cell, each with
+    the Python source it was parsed from."""
+    if source.lstrip().startswith("%%"):
+        return []  # a cell magic (%%timeit, %%bash, ...): its body is not Python
+    python, tree = _parse(name, source)
+    return [(python, node) for node in tree.body if _is_definition(node)]
+
+
+def _parse(name: str, source: str) -> tuple[str, ast.Module]:
+    try:
+        return source, _ast(name, source)  # a cell that parses is kept byte for byte, strings included
+    except SyntaxError:
+        pass
+    python = "\n".join(_without_magic(line) for line in source.splitlines())
+    try:
+        return python, _ast(name, python)
+    except SyntaxError as error:
+        first = source.strip().splitlines()[0] if source.strip() else ""
+        raise NotebookError(f"{name}: the code cell starting {first[:60]!r} is not Python: "
+                            f"{error.msg} on its line {error.lineno}") from None
+
+
+def _ast(name: str, source: str) -> ast.Module:
+    """``ast.parse``, with the parser's own limits (null bytes, nesting) as NotebookError."""
+    try:
+        return ast.parse(source)
+    except (ValueError, RecursionError, MemoryError) as error:
+        raise NotebookError(f"{name}: a code cell cannot be parsed ({type(error).__name__})") from None
+
+
+def _without_magic(line: str) -> str:
+    """``pass`` at the same indent in place of an IPython line, so that the blocks around it stay valid."""
+    if not MAGIC.match(line):
+        return line
+    return line[:len(line) - len(line.lstrip())] + "pass"
+
+
+def _is_definition(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.module != "__future__"  # the written file starts with its own
+    if isinstance(node, (ast.Import, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return (all(isinstance(t, ast.Name) for t in targets)
+                and all(isinstance(n, CONSTANT_NODES) for n in ast.walk(node.value)))
+    return False
+
+
+def _segment(source: str, node: ast.stmt) -> str:
+    """The node's source text, its decorators included."""
+    decorators = getattr(node, "decorator_list", None)
+    first, col = (decorators[0], 0) if decorators else (node, node.col_offset)  # from the '@' on
+    span = SimpleNamespace(lineno=first.lineno, col_offset=col, end_lineno=node.end_lineno,
+                           end_col_offset=node.end_col_offset)
+    return ast.get_source_segment(source, span)
