@@ -66,8 +66,7 @@ def remove(groups: list[Path]) -> None:
 def remove_stale() -> list[Path]:
     """Remove the groups whose judge (the pid their name starts with) is no longer running; the
     groups removed. A judge that was killed mid-grade leaves its worker's group behind."""
-    parents = [CGROUPS / PARENT] if _unified() else [CGROUPS / c / PARENT for c in V1_CONTROLLERS]
-    stale = [group for parent in parents if parent.is_dir() for group in parent.iterdir()
+    stale = [group for parent in parents() if parent.is_dir() for group in parent.iterdir()
              if group.is_dir() and not _judge_running(group.name)]
     remove(stale)
     return stale
@@ -114,6 +113,11 @@ class MemoryPeak:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+
+
+def parents() -> list[Path]:
+    """The folders that hold the workers' groups: one in cgroup v2, one per controller in v1."""
+    return [CGROUPS / PARENT] if _unified() else [CGROUPS / c / PARENT for c in V1_CONTROLLERS]
 
 
 def _unified() -> bool:
