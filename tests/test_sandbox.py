@@ -227,24 +227,31 @@ def running(pid: int) -> bool:
         return False
 
 
-def judge_mid_grade(tmp_path: Path) -> tuple[subprocess.Popen, int, list[int]]:
-    """A grading whose judge has started a worker that is still loading: the CLI, the judge's
-    pid, and the worker's processes."""
+@contextlib.contextmanager
+def judge_mid_grade(tmp_path: Path):
+    """A grading whose judge has started a worker that is still loading: (the CLI, the judge's
+    pid, the worker's processes); whatever the test leaves of them is killed afterwards."""
     cli = grade(sys.executable, slow_submission(tmp_path), tmp_path / "slow.json", tmp_path, timeout=60)
-    deadline = time.time() + 120
-    while time.time() < deadline:
+    judge, procs, deadline = 0, [], time.time() + 120
+    while not procs and time.time() < deadline:
+        time.sleep(0.2)
         judge = judge_of(cli)
         procs = [int(p) for g in groups_of(judge) if judge for p in (g / "cgroup.procs").read_text().split()]
-        if procs:
-            return cli, judge, procs
-        time.sleep(0.2)
-    cli.kill()
-    pytest.fail(f"no worker of the judge appeared in a cgroup: {cli.communicate()[0][-2000:]}")
+    try:
+        if not procs:
+            cli.kill()
+            pytest.fail(f"no worker of the judge appeared in a cgroup: {cli.communicate()[0][-2000:]}")
+        yield cli, judge, procs
+    finally:
+        for pid in procs:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        cgroups.remove(groups_of(judge))
+        cli.kill()
 
 
 def test_a_judge_killed_mid_grade_leaves_no_cgroup_once_the_next_judge_starts(tmp_path):
-    cli, judge, procs = judge_mid_grade(tmp_path)
-    try:
+    with judge_mid_grade(tmp_path) as (cli, judge, procs):
         os.kill(judge, signal.SIGKILL)
         cli.communicate(timeout=120)
         assert groups_of(judge), "the killed judge's worker group should be left for the next judge to remove"
@@ -252,29 +259,16 @@ def test_a_judge_killed_mid_grade_leaves_no_cgroup_once_the_next_judge_starts(tm
                           tmp_path / "again.json")
         assert groups_of(judge) == []
         assert [pid for pid in procs if running(pid)] == []
-    finally:
-        for pid in procs:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        cgroups.remove(groups_of(judge))
-        cli.kill()
 
 
 def test_a_judge_told_to_stop_mid_grade_kills_its_worker_and_removes_its_cgroup(tmp_path):
-    cli, judge, procs = judge_mid_grade(tmp_path)
-    try:
+    with judge_mid_grade(tmp_path) as (cli, judge, procs):
         os.kill(judge, signal.SIGTERM)
         cli.communicate(timeout=120)
         deadline = time.time() + 10
         while (groups_of(judge) or any(map(running, procs))) and time.time() < deadline:
             time.sleep(0.1)
         assert groups_of(judge) == [] and [pid for pid in procs if running(pid)] == []
-    finally:
-        for pid in procs:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        cgroups.remove(groups_of(judge))
-        cli.kill()
 
 
 def test_a_python_under_the_stage_is_reached_through_the_handle_taken_before_it_is_covered():

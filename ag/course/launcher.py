@@ -3,13 +3,15 @@
 The judge starts it as ``python -I -S launcher.py FD`` (standard library only: nothing of ag
 is imported here, so no solution is in this process's memory), under
 ``unshare --mount --net --ipc --pid --fork --mount-proc`` when the judge is root. It reads one
-message from the channel FD (the sandbox's files and limits) and then, when isolating:
+message from the channel FD, plain JSON (the sandbox's files, limits and paths, as the judge
+chose them), and then, when isolating:
 
 1. builds a new root in its private mount namespace from an allowlist: the system folders and
-   Python's, read-only at their own paths, with ag's own install covered; fresh /proc; small
-   fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker can write nowhere else, and
-   nothing else on the machine (the graded tests, ag's source, any other checkout, other
-   students, the results) exists for it;
+   Python's (wherever it lives, /tmp included), read-only at their own paths down to every
+   submount, with ag's own install covered; a read-only /proc; a /dev of its own (null, zero,
+   full, random, urandom); small fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker
+   can write nowhere else, and nothing else on the machine (the graded tests, ag's source, any
+   other checkout, other students, the results, the host's /dev/mqueue) exists for it;
 2. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
    submission) under /tmp/sandbox, owned by root, and chroots into the new root;
 3. makes a scratch folder owned by the worker;

@@ -4,8 +4,12 @@ As root (Gradescope, CI), a worker runs under ``unshare --mount --net --ipc --pi
 --mount-proc``: no network, its own PID namespace (every process it forks dies with it) and
 its own mount namespace, in which ``launcher`` builds it a root from an allowlist (the system's
 folders and Python's, read-only; ag's own install covered; small fresh scratch folders), then
-drops to an unprivileged user in a cgroup, with rlimits and a seccomp filter. Run as a normal user (a student checking themselves), the same
-process split runs without those privilege steps, and ``grade`` says so in one line.
+drops to an unprivileged user in a cgroup (``cgroups``), with rlimits and a seccomp filter. Run
+as a normal user (a student checking themselves), the same process split runs without those
+privilege steps, and ``grade`` says so in one line.
+
+The sandbox only isolates: a ``Worker`` writes the files it is given and hides the paths it is
+told to; the judge decides both (``payload``).
 """
 from __future__ import annotations
 
