@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ag import course
-from ag.course import channel, checks, sandbox
+from ag.course import channel, checks, payload, sandbox
+from ag.course.exercises import exercise_of
 
 
 def roundtrip(value):
@@ -94,16 +95,16 @@ def test_the_worker_gets_a_test_file_without_its_checks(tmp_path):
         ''')
     path = tmp_path / "test_ex3_thing.py"
     path.write_text(source)
-    cut = sandbox.probe_source(path)
+    cut = payload.probe_source(path)
     assert "def run(ex, x)" in cut and "SECRET_EXPECTED = 42" in cut
     assert "def test_f" not in cut and "worker(run, 1)" not in cut and "hidden detail" not in cut
     compile(cut, "probes", "exec")
 
 
 def test_a_graded_file_names_its_exercise(tmp_path):
-    assert sandbox.exercise_of(tmp_path / "test_hidden_ex3.py").module_name == "ex3_online_softmax"
+    assert exercise_of(tmp_path / "test_hidden_ex3.py").module_name == "ex3_online_softmax"
     with pytest.raises(ValueError, match="names no exercise"):
-        sandbox.exercise_of(tmp_path / "test_misc.py")
+        exercise_of(tmp_path / "test_misc.py")
 
 
 def test_hiding_a_folder_that_holds_python_hides_its_other_children_instead(tmp_path):
@@ -167,7 +168,8 @@ def reduced(monkeypatch):
 
 
 def reduced_worker(submission, timeout=20):
-    worker = sandbox.Worker(EX3, submission, REPO / "tests" / "grading", timeout=timeout)
+    files = payload.worker_files(EX3, submission, REPO / "tests" / "grading")
+    worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=timeout)
     worker.start()
     return worker
 

@@ -9,7 +9,9 @@ One concept per file:
 - ``extract``: a student's notebook turned into exercise files;
 - ``grade``: grading one submission, and the results it reports;
 - ``judge``: the pytest plugin that runs the checks, on data that sandboxed workers return;
+- ``payload``: what a worker gets (ag with its exercise stubbed, the probes, the submission);
 - ``sandbox`` and ``launcher``: starting a worker as an unprivileged user in its own namespaces;
+- ``cgroups``: the workers' memory and process budgets, and their memory peaks;
 - ``worker``: the process in which student code runs, and ``probe``;
 - ``channel``: the plain-data messages between the judge and a worker;
 - ``gradescope``: the results format and the autograder bundle.

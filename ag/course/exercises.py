@@ -1,6 +1,7 @@
 """The exercises: which functions of ag each one cuts out, its statement and its self-check."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,3 +158,14 @@ EXERCISES = (
         "h_DTR(96, 256 bytes, staleness 3): 0.125",
         needs=(1,)),  # capture's measuring run steps through exercise 1's backward_step
 )
+
+
+def exercise_of(test_file: Path) -> Exercise:
+    """The exercise a graded test file belongs to: the ``exN`` in its name."""
+    match = re.search(r"ex(\d+)", test_file.stem)
+    number = int(match.group(1)) if match else None
+    for exercise in EXERCISES:
+        if exercise.number == number:
+            return exercise
+    raise ValueError(f"graded test file {test_file.name} names no exercise: call it test_exN_... "
+                     f"(N one of {', '.join(str(e.number) for e in EXERCISES)})")

@@ -17,15 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from . import payload
 from .checks import fenced
-from .sandbox import SandboxError, StudentError, Worker, exercise_of
+from .exercises import exercise_of
+from .sandbox import SandboxError, StudentError, Worker, kill_all
 from .worker import clip
 
 MAX_TEST_OUTPUT = 4000
@@ -41,6 +45,8 @@ class Session:
         self.results: dict[str, dict] = {}
         self.probes_per_exercise: dict[int, int] = {}
         self.worker: Worker | None = None
+        self.worker_exercise = None
+        self.secrets = payload.secrets(tests, submission, hide)
         self.broken: dict[int, str] = {}  # exercises whose file cannot even be imported
 
     def collect(self, items) -> None:
@@ -76,18 +82,22 @@ class Session:
         return worker.call(name, args, kwargs)
 
     def _worker_for(self, exercise) -> Worker:
-        if self.worker is not None and (self.worker.exercise is not exercise or not self.worker.alive):
+        """The worker for ``exercise``: the one in use, or a new one given what the judge chose for
+        it (``payload``), the one before closed first."""
+        if self.worker is not None and (self.worker_exercise is not exercise or not self.worker.alive):
             self.worker.close()
             self.worker = None
         if self.worker is None:
             try:
-                worker = Worker(exercise, self.submission, self.tests, timeout=self.timeout, slot=self.slot,
-                                probes=self.probes_per_exercise.get(exercise.number, 1), hide=self.hide)
+                worker = Worker(payload.worker_files(exercise, self.submission, self.tests),
+                                {"exercise": exercise.number}, label=f"your {exercise.filename}",
+                                timeout=self.timeout, slot=self.slot, hide=self.secrets,
+                                probes=self.probes_per_exercise.get(exercise.number, 1))
                 worker.start()
             except StudentError as error:
                 self.broken[exercise.number] = str(error)
                 raise
-            self.worker = worker
+            self.worker, self.worker_exercise = worker, exercise
         return self.worker
 
     def record(self, nodeid: str, passed: bool, output: str, seconds: float) -> None:
@@ -123,6 +133,22 @@ def pytest_configure(config) -> None:
         _session = Session(Path(submission).resolve(), Path(str(config.args[0])).resolve(),
                        config.getoption("--ag-timeout"), config.getoption("--ag-slot"),
                        config.getoption("--ag-hide"))
+        if threading.current_thread() is threading.main_thread():
+            config.stash[_sigterm_was] = signal.signal(signal.SIGTERM, _stop_on_sigterm) or signal.SIG_DFL
+
+
+def pytest_unconfigure(config) -> None:
+    if _sigterm_was in config.stash:
+        signal.signal(signal.SIGTERM, config.stash[_sigterm_was])
+
+
+_sigterm_was = pytest.StashKey[object]()
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    """A judge told to stop kills its workers and removes their cgroups before it goes; no results are written."""
+    kill_all()
+    os._exit(128 + signum)
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

@@ -3,13 +3,15 @@
 The judge starts it as ``python -I -S launcher.py FD`` (standard library only: nothing of ag
 is imported here, so no solution is in this process's memory), under
 ``unshare --mount --net --ipc --pid --fork --mount-proc`` when the judge is root. It reads one
-message from the channel FD (the sandbox's files and limits) and then, when isolating:
+message from the channel FD, plain JSON (the sandbox's files, limits and paths, as the judge
+chose them), and then, when isolating:
 
 1. builds a new root in its private mount namespace from an allowlist: the system folders and
-   Python's, read-only at their own paths, with ag's own install covered; fresh /proc; small
-   fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker can write nowhere else, and
-   nothing else on the machine (the graded tests, ag's source, any other checkout, other
-   students, the results) exists for it;
+   Python's (wherever it lives, /tmp included), read-only at their own paths down to every
+   submount, with ag's own install covered; a read-only /proc; a /dev of its own (null, zero,
+   full, random, urandom); small fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker
+   can write nowhere else, and nothing else on the machine (the graded tests, ag's source, any
+   other checkout, other students, the results, the host's /dev/mqueue) exists for it;
 2. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
    submission) under /tmp/sandbox, owned by root, and chroots into the new root;
 3. makes a scratch folder owned by the worker;
@@ -25,6 +27,7 @@ import base64
 import ctypes
 import json
 import os
+import re
 import resource
 import struct
 import sys
@@ -35,6 +38,13 @@ MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 
 KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
 SANDBOX = "/tmp/sandbox"
+STAGE = "/tmp"  # where the new root is built, on a tmpfs of its own
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 1  # and MOUNT_ATTR_NOSUID, _NODEV, _NOEXEC are 2, 4, 8, as MS_NOSUID, MS_NODEV, MS_NOEXEC
 PR_SET_NO_NEW_PRIVS = 38
 LIMITS = {"cpu": resource.RLIMIT_CPU, "address_space": resource.RLIMIT_AS, "processes": resource.RLIMIT_NPROC,
           "file_size": resource.RLIMIT_FSIZE, "open_files": resource.RLIMIT_NOFILE, "core": resource.RLIMIT_CORE}
@@ -52,6 +62,7 @@ def main(fd: int) -> None:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         new_root = _build_root(config)
         _write_files(new_root + root, config["files"])
+        _mount(None, new_root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)  # this mount only
         os.chroot(new_root)
     else:
         _write_files(root, config["files"])
@@ -114,7 +125,7 @@ def _forbid_keyrings() -> None:
 
 
 def _read_config(fd: int) -> dict:
-    """The judge's first message (see ag.course.channel: length, header length, JSON; no arrays)."""
+    """The judge's first message: its length in 8 bytes, then plain JSON (the files in base64)."""
     def read(n: int) -> bytes:
         data = b""
         while len(data) < n:
@@ -124,20 +135,14 @@ def _read_config(fd: int) -> dict:
             data += chunk
         return data
     (size,) = struct.unpack(">Q", read(8))
-    payload = read(size)
-    (header,) = struct.unpack(">I", payload[:4])
-    config = _plain(json.loads(payload[4:4 + header]))
+    config = json.loads(read(size))
     config["files"] = {path: base64.b64decode(data) for path, data in config["files"].items()}
     return config
 
 
-def _plain(node):
-    """Undo ag.course.channel's wrapping of dicts ({"__dict__": {...}}) in the judge's message."""
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    if isinstance(node, dict) and set(node) == {"__dict__"}:
-        return {k: _plain(v) for k, v in node["__dict__"].items()}
-    return node
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
 
 
 def _mount(source, target, fstype, flags, data=None) -> None:
@@ -149,29 +154,57 @@ def _mount(source, target, fstype, flags, data=None) -> None:
 
 def _build_root(config: dict) -> str:
     """A new root holding only what the worker may see (an allowlist, not a list of hiding
-    places): the system folders and Python's, each bound read-only at its own path; fresh
-    /proc, /dev from the host (its device files), and small fresh tmpfs for /tmp, /var/tmp,
-    /dev/shm and /run. Everything else on the machine (the graded tests, ag's source, other
-    checkouts, other students, /home, /root) does not exist in it."""
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=700")  # hides the host's /tmp too
-    new_root = "/tmp/root"
+    places): a /dev of its own, small fresh tmpfs for /tmp, /var/tmp, /dev/shm and /run, and on
+    top of them the system folders and Python's, each bound read-only, submounts included, at its
+    own path (a Python under /tmp lands in the fresh /tmp); ag's own install covered; /proc
+    read-only. Everything else on the machine (the graded tests, ag's source, other checkouts,
+    other students, /home, /root) does not exist in it. It is staged on a tmpfs over /tmp, and
+    what lies under the host's /tmp stays reachable through a handle taken before."""
+    host_tmp = os.open(STAGE, os.O_PATH | os.O_DIRECTORY)
+    _mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=700")
+    new_root = STAGE + "/root"
     os.mkdir(new_root)
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
-    for path in config["allow"]:
-        _bind_read_only(path, new_root + path)
-    for path in config["hide"]:  # what lies inside the allowed folders but is not the worker's (ag's install)
-        _hide(new_root + path)
-    _bind_read_only("/dev", new_root + "/dev", flags=MS_NOSUID | MS_NOEXEC)
-    os.makedirs(new_root + "/proc")
-    _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _make_dev(new_root + "/dev")
     for path, options in config["scratch"]:
         os.makedirs(new_root + path, exist_ok=True)
         _mount("tmpfs", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for path in config["allow"]:
+        _bind_read_only(_reachable(path, host_tmp), new_root + path)
+    os.close(host_tmp)
+    for path in config["hide"]:  # what lies inside the allowed folders but is not the worker's (ag's install)
+        _hide(new_root + path)
+    os.makedirs(new_root + "/proc")
+    _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _read_only(new_root + "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     return new_root
 
 
-def _bind_read_only(source: str, target: str, flags: int = 0) -> None:
-    """``source`` at ``target``, read-only; a symlink (/bin -> usr/bin) is copied as a symlink."""
+def _reachable(path: str, host_tmp: int) -> str:
+    """``path`` as the launcher can reach it once the stage covers /tmp."""
+    if path == STAGE or path.startswith(STAGE + "/"):
+        return f"/proc/self/fd/{host_tmp}{path[len(STAGE):]}"
+    return path
+
+
+def _make_dev(dev: str) -> None:
+    """A /dev of the worker's own: the harmless devices (null, zero, full, random, urandom) bound
+    from the host's, the standard streams' links, an empty shm for its scratch tmpfs; nothing
+    else (no mqueue, pts or disks: the host's /dev has submounts shared with every process)."""
+    os.makedirs(dev)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name in DEVICES:
+        open(f"{dev}/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
+        _read_only(f"{dev}/{name}", MS_NOSUID | MS_NOEXEC)  # a device stays writable on a read-only mount
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    _read_only(dev, MS_NOSUID | MS_NOEXEC)
+
+
+def _bind_read_only(source: str, target: str) -> None:
+    """``source`` at ``target``, read-only all the way down; a symlink (/bin -> usr/bin) is copied as a symlink."""
     if os.path.islink(source):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.symlink(os.readlink(source), target)
@@ -182,7 +215,39 @@ def _bind_read_only(source: str, target: str, flags: int = 0) -> None:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "w").close()
     _mount(source, target, None, MS_BIND | MS_REC)
-    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+    _read_only(target)
+
+
+def _read_only(target: str, flags: int = 0) -> None:
+    """The mount at ``target`` and every mount below it read-only, with ``flags`` (MS_NOSUID,
+    MS_NODEV, MS_NOEXEC) added: a bind's own remount leaves its submounts writable."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC)))
+    _libc.syscall.restype = ctypes.c_long
+    done = _libc.syscall(ctypes.c_long(MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), target.encode(),
+                         ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    if done != 0:
+        _read_only_one_by_one(target, flags)  # kernels before 5.12 have no mount_setattr
+
+
+def _read_only_one_by_one(target: str, flags: int = 0) -> None:
+    """``_read_only`` by remounting each mount at or below ``target``, parents first, each keeping
+    its own nosuid, nodev, noexec and atime flags."""
+    for point, options in _mounts_at_or_below(target):
+        kept = sum(flag for name, flag in KEPT_FLAGS.items() if name in options)
+        _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags | kept)
+
+
+def _mounts_at_or_below(target: str) -> list[tuple[str, set[str]]]:
+    """(mount point, per-mount options) of the mounts at or below ``target``, from /proc/self/mountinfo."""
+    target = os.path.realpath(target)
+    found = []
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point == target or point.startswith(target.rstrip("/") + "/"):
+                found.append((point, set(fields[5].split(","))))
+    return found
 
 
 def _hide(path: str) -> None:

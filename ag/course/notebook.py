@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .exercises import EXERCISES, REPO, Exercise
+from .exercises import EXERCISES, REPO, Exercise, exercise_of
 
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
@@ -214,7 +214,6 @@ class _Module(NamedTuple):
 def graded_tests(exercise: Exercise, grading: Path = GRADING) -> tuple[str, list[GradedTest]]:
     """The tests' setup cell (imports, references, probes, helpers, the ``worker``) and one graded
     test per test and parametrization: the public file's in order, then the hidden files'."""
-    from .sandbox import exercise_of
     public = sorted(grading.glob(f"test_ex{exercise.number}_*.py"))
     if len(public) != 1:
         raise FileNotFoundError(f"{exercise.module_name}: expected one {grading}/test_ex{exercise.number}_*.py, "

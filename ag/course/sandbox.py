@@ -4,38 +4,38 @@ As root (Gradescope, CI), a worker runs under ``unshare --mount --net --ipc --pi
 --mount-proc``: no network, its own PID namespace (every process it forks dies with it) and
 its own mount namespace, in which ``launcher`` builds it a root from an allowlist (the system's
 folders and Python's, read-only; ag's own install covered; small fresh scratch folders), then
-drops to an unprivileged user in a cgroup, with rlimits and a seccomp filter. Run as a normal user (a student checking themselves), the same
-process split runs without those privilege steps, and ``grade`` says so in one line.
+drops to an unprivileged user in a cgroup (``cgroups``), with rlimits and a seccomp filter. Run
+as a normal user (a student checking themselves), the same process split runs without those
+privilege steps, and ``grade`` says so in one line.
+
+The sandbox only isolates: a ``Worker`` writes the files it is given and hides the paths it is
+told to; the judge decides both (``payload``).
 """
 from __future__ import annotations
 
-import ast
 import base64
 import functools
+import itertools
+import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import site
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
-import time
-import itertools
 from pathlib import Path
 
-from . import channel
-from .exercises import EXERCISES, PACKAGE, REPO
+from . import cgroups, channel
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
-MAX_SUBMITTED_FILE = 2 * 2**20
 ADDRESS_SPACE = 3 * 2**30
 SCRATCH_MOUNTS = (("/tmp", "size=256m,mode=1777"), ("/var/tmp", "size=16m,mode=1777"),
                   ("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755"))  # /run: the host's sockets
 SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-CGROUPS = Path("/sys/fs/cgroup")
 MEMORY = 3 * 2**30  # all of one worker's processes together (a cgroup); each alone: ADDRESS_SPACE
 PROCESSES = 256
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -86,54 +86,15 @@ def worker_user(slot: int) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def probe_source(test_file: Path) -> str:
-    """A public graded test file without its checks: the ``test_*`` functions are cut out, so the
-    worker gets the probes and their helpers and never sees an assertion or an expected value;
-    the imports only the checks used go too (pytest's import alone would cost each worker 0.15 s)."""
-    lines = test_file.read_text().splitlines(keepends=True)
-    checks = [n for n in ast.parse("".join(lines)).body
-              if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")]
-    _delete(lines, checks)
-    tree = ast.parse("".join(lines))
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    unused = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
-              and not any((a.asname or a.name).split(".")[0] in used for a in n.names)]
-    _delete(lines, unused)
-    return "".join(lines)
-
-
-def _delete(lines: list[str], nodes) -> None:
-    """Remove the nodes' lines (decorators included), last first so the line numbers hold."""
-    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-        del lines[start:node.end_lineno]
-
-
-def exercise_of(test_file: Path):
-    """The exercise a graded test file belongs to: the ``exN`` in its name."""
-    match = re.search(r"ex(\d+)", test_file.stem)
-    number = int(match.group(1)) if match else None
-    for exercise in EXERCISES:
-        if exercise.number == number:
-            return exercise
-    raise ValueError(f"graded test file {test_file.name} names no exercise: call it test_exN_... "
-                     f"(N one of {', '.join(str(e.number) for e in EXERCISES)})")
-
-
-def hidden_paths(tests: Path, submission: Path, extra=()) -> list[str]:
-    """What the worker must not see: ag's source, the repository, the graded tests and the
-    instructor's folder around them, the other submissions beside this one, and ``extra``."""
-    tests, submission = tests.resolve(), submission.resolve()
-    wanted = [PACKAGE, tests, submission.parent, Path(tempfile.gettempdir()), *map(Path, extra)]
-    if (REPO / "pyproject.toml").exists():
-        wanted.append(REPO)
-    for folder in (tests.parent, tests.parent.parent):
-        if any((folder / name).exists() for name in ("ag", "ag-src", "pyproject.toml", "solutions")):
-            wanted.append(folder)
+def covered(secrets) -> list[str]:
+    """The paths to cover in the worker's root so that none of ``secrets`` shows: each secret
+    that lies inside what the root holds (``allowed_paths``); or, where a secret holds what the
+    worker needs to run (Python, its packages), its other children. Secrets outside the allowed
+    paths are not in the root at all."""
     needed = _python_paths()
-    hidden = {c for path in wanted for c in _cover(Path(path).resolve(), needed)}
-    fresh = [Path(p) for p, _ in SCRATCH_MOUNTS]  # the worker gets new, empty ones of these
-    return sorted(h for h in hidden if not any(Path(h) == f or f in Path(h).parents for f in fresh))
+    allowed = [Path(p) for p in allowed_paths()]
+    hidden = {c for path in secrets for c in _cover(Path(path).resolve(), needed)}
+    return sorted(h for h in hidden if any(a == Path(h) or a in Path(h).parents for a in allowed))
 
 
 def _python_paths() -> list[Path]:
@@ -162,96 +123,50 @@ def _cover(path: Path, needed: list[Path]) -> list[str]:
     return [c for child in sorted(path.iterdir()) for c in _cover(child, needed)]
 
 
-def make_cgroup(name: str) -> list[Path]:
-    """A new cgroup bounding the memory and the processes of everything one worker runs (cgroup v2,
-    or v1's memory and pids hierarchies); [] where the cgroup file system cannot be written (some
-    containers), where the rlimits still bound each process on its own."""
-    made: list[Path] = []
-    try:
-        if (CGROUPS / "cgroup.controllers").exists():
-            parent = CGROUPS / "ag-grade"
-            parent.mkdir(exist_ok=True)
-            for folder in (CGROUPS, parent):
-                (folder / "cgroup.subtree_control").write_text("+memory +pids")
-            made.append(parent / name)
-            made[-1].mkdir()
-            limits = {"memory.max": MEMORY, "memory.swap.max": 0, "pids.max": PROCESSES}
-        else:
-            for controller in ("memory", "pids"):
-                made.append(CGROUPS / controller / "ag-grade" / name)
-                made[-1].mkdir(parents=True)
-            limits = {"memory.limit_in_bytes": MEMORY, "memory.memsw.limit_in_bytes": MEMORY, "pids.max": PROCESSES}
-        for group in made:
-            for file, value in limits.items():
-                if (group / file).exists():
-                    (group / file).write_text(str(value))
-    except OSError:
-        remove_cgroup(made)
-        return []
-    return made
-
-
-def remove_cgroup(groups: list[Path]) -> None:
-    for group in reversed(groups):
-        for _ in range(50):  # its last processes may still be exiting
-            try:
-                group.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                for pid in (group / "cgroup.procs").read_text().split():
-                    _signal(int(pid), signal.SIGKILL)
-                time.sleep(0.02)
-
-
 class Worker:
-    """One sandboxed worker for one exercise of one submission."""
+    """One sandboxed worker: it gets ``files`` (bytes keyed by their path under the sandbox's root:
+    ``lib/`` is on its ``sys.path``, ``submission/`` holds the student's files), runs
+    ``ag.course.worker`` with ``options`` and answers probes. It chooses nothing: the judge
+    decides what it gets (``payload``) and which paths of the machine it must not see (``hide``).
+    ``label`` names what it loads in the student's messages ("your ex3_online_softmax.py")."""
 
-    def __init__(self, exercise, submission: Path, tests: Path, *, timeout: float, slot: int = 0,
+    def __init__(self, files: dict[str, bytes], options: dict, *, label: str, timeout: float, slot: int = 0,
                  probes: int = 1, hide=()) -> None:
-        self.exercise, self.timeout = exercise, timeout
+        self.label, self.timeout = label, timeout
         self.isolate = isolating()
-        self.config = self._config(exercise, Path(submission), Path(tests), slot, probes, hide)
+        self.config = self._config(files, options, slot, probes, hide)
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.scratch: tempfile.TemporaryDirectory | None = None
         self.cgroups: list[Path] = []
+        self.memory = cgroups.MemoryPeak([])
 
-    def _config(self, exercise, submission: Path, tests: Path, slot: int, probes: int, hide) -> dict:
-        from .assign import package_files
-        files = {f"lib/{path}": data for path, data in package_files({exercise.number}).items()}
-        for test_file in sorted(tests.glob(f"test_ex{exercise.number}_*.py")):
-            files[f"lib/{test_file.name}"] = probe_source(test_file).encode()
-        for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (references.py)
-            if not helper.name.startswith(("test_", "conftest")):
-                files[f"lib/{helper.name}"] = helper.read_bytes()
-        for mine in sorted(submission.glob("ex*.py")):
-            if mine.is_file() and mine.stat().st_size <= MAX_SUBMITTED_FILE:
-                files[f"submission/{mine.name}"] = mine.read_bytes()
+    def _config(self, files: dict[str, bytes], options: dict, slot: int, probes: int, hide) -> dict:
+        """The launcher's configuration: plain JSON (the files in base64)."""
         limits = {"cpu": int(self.timeout * (probes + 1)) + 30, "address_space": ADDRESS_SPACE,
                   "file_size": 64 * 2**20, "open_files": 256, "core": 0}
-        config = {"isolate": self.isolate, "files": files, "limits": limits, "env": dict(WORKER_ENV),
-                  "python": sys.executable, "hide": [], "root": "", "scratch": [], "allow": [], "cgroups": []}
+        config = {"isolate": self.isolate, "limits": limits, "env": dict(WORKER_ENV), "python": sys.executable,
+                  "hide": [], "root": "", "scratch": [], "allow": [], "cgroups": [], "worker": dict(options),
+                  "files": {path: base64.b64encode(data).decode() for path, data in files.items()}}
         if self.isolate:
             config["uid"], config["gid"] = worker_user(slot)
             config["limits"]["processes"] = PROCESSES
-            config["hide"] = hidden_paths(tests, submission, hide)
+            config["hide"] = covered(hide)
             config["scratch"] = [list(m) for m in SCRATCH_MOUNTS]
             config["allow"] = allowed_paths()
-        config["worker"] = {"exercise": exercise.number}  # the launcher adds where the submission is
         return config
 
     def start(self) -> None:
         """Launch the worker and wait until it has imported the student's exercise."""
+        _running.add(self)  # from here on, kill_all() reaches it
         config = dict(self.config)
         if not self.isolate:
             self.scratch = tempfile.TemporaryDirectory(prefix="ag-worker-")
             config["root"] = self.scratch.name
         else:
-            self.cgroups = make_cgroup(f"{os.getpid()}-{next(_numbers)}")
+            self.cgroups = cgroups.make(f"{os.getpid()}-{next(_numbers)}", MEMORY, PROCESSES)
+            self.memory = cgroups.MemoryPeak(self.cgroups)
             config["cgroups"] = [str(g / "cgroup.procs") for g in self.cgroups]
-        config["files"] = {path: base64.b64encode(data).decode() for path, data in config["files"].items()}
         judge_end, worker_end = socket.socketpair()
         command = [sys.executable, "-I", "-S", str(LAUNCHER), str(worker_end.fileno())]
         if self.isolate:
@@ -261,10 +176,13 @@ class Worker:
                                      start_new_session=True)
         worker_end.close()
         self.sock = judge_end
-        channel.send(self.sock, config)
+        self._wait_until_ready(config)
+
+    def _wait_until_ready(self, config: dict) -> None:
         try:
+            _send_json(self.sock, config)
             hello = channel.receive(self.sock, timeout=self.timeout + 10)
-        except channel.ChannelError as error:
+        except (channel.ChannelError, OSError) as error:
             launcher_said = self._launcher_error()
             self.kill()
             if launcher_said:
@@ -273,7 +191,17 @@ class Worker:
         self._stop_reading_stderr()
         if not (isinstance(hello, dict) and hello.get("ready") is True):
             self.kill()
-            raise StudentError("importing your " + self.exercise.filename + " failed: " + _described(hello))
+            raise StudentError(f"importing {self.label} failed: {_described(hello)}")
+
+    def memory_peak(self, reset: bool = False) -> int | None:
+        """The most memory all the worker's processes held at once, in bytes, measured by its
+        cgroup from outside (student code cannot fake it): since the worker started, or since
+        the last ``memory_peak(reset=True)``, which starts a new count (and returns None).
+        None without a cgroup (not root, or no writable cgroup file system)."""
+        if reset:
+            self.memory.reset()
+            return None
+        return self.memory.read()
 
     def call(self, probe: str, args, kwargs) -> object:
         """Run one probe in the worker; its result as data, or StudentError."""
@@ -329,8 +257,10 @@ class Worker:
         if self.scratch is not None:
             self.scratch.cleanup()
             self.scratch = None
-        remove_cgroup(self.cgroups)
+        self.memory.close()
+        cgroups.remove(self.cgroups)
         self.cgroups = []
+        _running.discard(self)
 
     def _launcher_error(self) -> str:
         """What unshare or the launcher printed if they failed before the student's code ran (the
@@ -360,6 +290,20 @@ def _described(reply) -> str:
 
 
 _numbers = itertools.count()
+_running: set[Worker] = set()
+
+
+def kill_all() -> None:
+    """Kill every worker this process started and has not closed, and remove their cgroups
+    (a judge told to stop, by SIGTERM, leaves nothing behind)."""
+    for worker in list(_running):
+        worker.kill()
+
+
+def _send_json(sock: socket.socket, message: dict) -> None:
+    """One plain JSON message: its length in 8 bytes, then the JSON (what ``launcher`` reads)."""
+    data = json.dumps(message).encode()
+    sock.sendall(struct.pack(">Q", len(data)) + data)
 
 
 def _children(pid: int) -> list[int]:

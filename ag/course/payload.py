@@ -1,0 +1,73 @@
+"""What a worker gets, decided on the judge's side: its files, and what on the machine it must not see.
+
+The sandbox only isolates: it writes the files it is handed under the worker's root and covers
+the paths it is told to. The choice is made here, for one exercise of one submission:
+
+- ``lib/ag/...``: ag's package with that exercise stubbed (``assign.package_files({N})``), so the
+  exercise runs the student's code and every other exercise the library's solution;
+- ``lib/test_exN_*.py``: the exercise's public test files without their checks (``probe_source``);
+- ``lib/<helper>.py``: the other public ``.py`` files of the tests folder that the probes import
+  (not ``test_*``, not ``conftest*``; nothing of ``hidden/``);
+- ``submission/exK_*.py``: the student's exercise files (regular files, 2 MiB at most each).
+"""
+from __future__ import annotations
+
+import ast
+import tempfile
+from pathlib import Path
+
+from .assign import package_files
+from .exercises import PACKAGE, REPO, Exercise
+
+MAX_SUBMITTED_FILE = 2 * 2**20
+INSTRUCTOR_MARKS = ("ag", "ag-src", "pyproject.toml", "solutions")  # a folder holding one is the instructor's
+
+
+def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str, bytes]:
+    """The files of the worker for ``exercise``, keyed by their path under the sandbox's root."""
+    files = {f"lib/{path}": data for path, data in package_files({exercise.number}).items()}
+    for test_file in sorted(tests.glob(f"test_ex{exercise.number}_*.py")):
+        files[f"lib/{test_file.name}"] = probe_source(test_file).encode()
+    for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (references.py)
+        if not helper.name.startswith(("test_", "conftest")):
+            files[f"lib/{helper.name}"] = helper.read_bytes()
+    for mine in sorted(submission.glob("ex*.py")):
+        if mine.is_file() and mine.stat().st_size <= MAX_SUBMITTED_FILE:
+            files[f"submission/{mine.name}"] = mine.read_bytes()
+    return files
+
+
+def secrets(tests: Path, submission: Path, extra=()) -> list[Path]:
+    """What the worker must not see: ag's source, the repository, the graded tests and the
+    instructor's folder around them, the other submissions beside this one, and ``extra``."""
+    tests, submission = tests.resolve(), submission.resolve()
+    found = [PACKAGE, tests, submission.parent, Path(tempfile.gettempdir()), *map(Path, extra)]
+    if (REPO / "pyproject.toml").exists():
+        found.append(REPO)
+    for folder in (tests.parent, tests.parent.parent):
+        if any((folder / name).exists() for name in INSTRUCTOR_MARKS):
+            found.append(folder)
+    return [Path(p).resolve() for p in found]
+
+
+def probe_source(test_file: Path) -> str:
+    """A public graded test file without its checks: the ``test_*`` functions are cut out, so the
+    worker gets the probes and their helpers and never sees an assertion or an expected value;
+    the imports only the checks used go too (pytest's import alone would cost each worker 0.15 s)."""
+    lines = test_file.read_text().splitlines(keepends=True)
+    checks = [n for n in ast.parse("".join(lines)).body
+              if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")]
+    _delete(lines, checks)
+    tree = ast.parse("".join(lines))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    unused = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+              and not any((a.asname or a.name).split(".")[0] in used for a in n.names)]
+    _delete(lines, unused)
+    return "".join(lines)
+
+
+def _delete(lines: list[str], nodes) -> None:
+    """Remove the nodes' lines (decorators included), last first so the line numbers hold."""
+    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+        del lines[start:node.end_lineno]
