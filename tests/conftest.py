@@ -34,7 +34,8 @@ def torch_or_skip():
 #   processes left behind) and build a Debian root;
 # - the notebooks' Jupyter kernels each take free TCP ports on localhost when they start;
 # - test_remat_graph's module fixtures and its memo of HiGHS' answers serve one process.
-XDIST_GROUPS = {"test_redteam.py": "machine-wide", "test_gradescope_chroot.py": "machine-wide",
+XDIST_GROUPS = {"test_redteam.py": "machine-wide", "test_redteam_judge.py": "machine-wide",
+                "test_gradescope_chroot.py": "machine-wide",
                 "test_notebooks.py": "jupyter-kernels", "test_notebook_assign.py": "jupyter-kernels",
                 "test_remat_graph.py": "remat-graph"}
 
