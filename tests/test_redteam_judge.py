@@ -8,6 +8,7 @@ file behind a planted link) and that nothing it names reaches a terminal or a sp
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import secrets
@@ -22,6 +23,7 @@ import pytest
 from ag import course
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/grading.py imports its neighbours
 SOLUTIONS, STUBS = REPO / "solutions", REPO / "exercises"
 EXERCISES = {e.number: e for e in course.EXERCISES}
 TIMEOUT = 20  # the solutions need 1-2 s of it; room for a machine shared with other jobs
@@ -227,33 +229,12 @@ def test_names_that_are_formulas_or_terminal_escapes_reach_the_gradebook_and_the
 
 # ---- hole 7: a student who sleeps past the timeout in every test ----
 
-SLEEP_IN_EVERY_FUNCTION = '''
-
-import functools as _functools
-import time as _time
-
-
-def _slow(function):
-    @_functools.wraps(function)
-    def slept(*args, **kwargs):
-        _time.sleep({seconds})
-        return function(*args, **kwargs)
-    return slept
-
-
-for _name in {names!r}:
-    globals()[_name] = _slow(globals()[_name])
-'''
-
-
 def sleepy(folder: Path, seconds: float) -> Path:
-    """Every exercise a stub whose graded functions sleep ``seconds`` first."""
-    folder.mkdir(parents=True)
-    for e in course.EXERCISES:
-        names = [name for _, name in e.functions]
-        text = (STUBS / e.filename).read_text() + SLEEP_IN_EVERY_FUNCTION.format(seconds=seconds, names=names)
-        (folder / e.filename).write_text(text)
-    return folder
+    """Every exercise a stub whose graded functions sleep ``seconds`` first (the benchmark's slow student)."""
+    spec = importlib.util.spec_from_file_location("grading_benchmark", REPO / "benchmarks" / "grading.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    return benchmark.make_slow(folder, seconds)
 
 
 @pytest.mark.slow
