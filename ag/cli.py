@@ -3,7 +3,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import statistics
 import sys
+import textwrap
+import time
+from pathlib import Path
+
+from . import course
+from .course import batch, intake
+from .course.escape import for_terminal
+from .course.grade import student_limit
+from .course.writing import UnsafeTarget, check_target, write_new
 
 PARALLEL_LAUNCH = "mpiexec -n 2 ag demo parallel"
 DEMOS = {
@@ -112,52 +123,107 @@ def _assign(args: argparse.Namespace) -> int:
     return 0
 
 
-def _grade(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+def _say(message: str) -> None:
+    """An error sentence on stderr, whatever a submission put in it shown as escapes."""
+    print(for_terminal(message, lines=True), file=sys.stderr)
 
-    from . import course
+
+
+def _grade(args: argparse.Namespace) -> int:
     if args.autograder:
-        path = course.autograder_bundle(args.autograder)
-        print(f"Gradescope autograder bundle written: {path}")
-        return 0
+        return _autograder(args.autograder)
     if not args.submission:
-        print("ag grade: give a submission folder, or --autograder OUT.zip", file=sys.stderr)
+        _say("ag grade: give a submission folder, or --autograder OUT.zip")
+        return 2
+    submission = Path(args.submission)
+    if not submission.is_dir():
+        what = "is a file" if submission.exists() else "does not exist"
+        _say(f"ag grade: {submission} {what}: give the folder that holds the exN_*.py files or notebooks "
+             "(or a class folder, one subfolder per student)")
+        return 2
+    args.tests = _graded_tests(args.tests)
+    if args.tests is None:
         return 2
     if _is_class(args.submission, class_flags=bool(args.csv or args.json_dir)):
         return _grade_class(args)
     if args.csv or args.json_dir:
-        print(f"ag grade: {args.submission} holds one student's exercise files; --csv and --json-dir are for a "
-              "class folder (one subfolder per student), use --json", file=sys.stderr)
+        _say(f"ag grade: {args.submission} holds one student's exercise files; --csv and --json-dir are for a "
+             "class folder (one subfolder per student), use --json")
         return 2
+    return _grade_one(args)
+
+
+def _grade_one(args: argparse.Namespace) -> int:
+    """One student: each test's line (and a failed test's message), the score, results.json if asked."""
     try:
         if args.json:
+            check_target(args.json)
             Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
         # student code never sees the results, nor the upload (the workers get the intake's copy)
         hide = [Path(args.json).resolve().parent] if args.json else []
         hide.append(Path(args.submission).resolve().parent)
-        report = course.grade(args.submission, args.tests, timeout=args.timeout, hide=hide)
+        report = course.grade(args.submission, args.tests, timeout=args.timeout, hide=hide,
+                              student_timeout=args.student_timeout)
+    except UnsafeTarget as error:
+        _say(f"ag grade: --json: {error}")
+        return 2
     except RuntimeError as error:  # the judge itself failed: no grade, no results file
-        print(f"ag grade: no grade: {error}", file=sys.stderr)
+        _say(f"ag grade: not graded: {error}")
         return 3
     for note in report.notes:
-        print(f"skipped: {note}", file=sys.stderr)
-    for t in report.tests:
-        print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {t.name}")
-    print(f"score: {report.score:g} / {report.max_score:g}")
+        _say(f"skipped: {note}")
+    _print_report(report, quiet=args.quiet)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report.gradescope(), out, indent=2)
-        print(f"results written: {args.json}")
+        try:
+            write_new(args.json, json.dumps(report.gradescope(), indent=2))
+        except UnsafeTarget as error:
+            _say(f"ag grade: --json: {error}")
+            return 2
+        print(f"results written: {for_terminal(args.json)}")
+    return 0
+
+
+def _print_report(report, *, quiet: bool) -> None:
+    """A line per test, and under a failed one its message (expected, got, the input), as pytest does."""
+    for t in report.tests:
+        print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {for_terminal(t.name)}")
+        if t.status != "passed" and t.output and not quiet:
+            print(textwrap.indent(for_terminal(t.output, lines=True), "        | ", lambda line: True))
+    print(f"score: {report.score:g} / {report.max_score:g}")
+
+
+def _graded_tests(given: str | None) -> str | None:
+    """The graded tests folder: ``--tests``, or tests/grading in the repository ag runs from."""
+    if given:
+        if Path(given).is_dir():
+            return given
+        _say(f"ag grade: --tests {given}: no such folder (the graded tests, e.g. the handout's tests/grading)")
+        return None
+    default = course.REPO / "tests" / "grading"
+    if default.is_dir():
+        return str(default)
+    _say(f"ag grade: no --tests given, and this ag ({course.PACKAGE}) is installed without the course's "
+         f"repository around it, so there is no {default}: pass --tests FOLDER, the graded tests (the "
+         "handout's tests/grading, or the course checkout's)")
+    return None
+
+
+def _autograder(out: str) -> int:
+    """Gradescope's bundle, built from the course's repository (ag's source and its graded tests)."""
+    repo = course.REPO
+    if not ((repo / "pyproject.toml").is_file() and (repo / "tests" / "grading").is_dir()):
+        _say(f"ag grade --autograder: the bundle is built from the course's repository (pyproject.toml, ag/, "
+             f"tests/grading), and this ag ({course.PACKAGE}) is installed without one: run it from a checkout "
+             "(pip install -e . there)")
+        return 2
+    path = course.autograder_bundle(out, root=repo)
+    print(f"Gradescope autograder bundle written: {for_terminal(path)}")
     return 0
 
 
 def _is_class(folder: str, *, class_flags: bool) -> bool:
     """A class folder holds one subfolder per student; one student's upload holds its files at the
     top or in one enclosing folder (intake.locate), which --csv or --json-dir read as a class of one."""
-    from pathlib import Path
-
-    from .course import intake
     if not Path(folder).is_dir():
         return False
     where = intake.locate(folder)
@@ -165,28 +231,32 @@ def _is_class(folder: str, *, class_flags: bool) -> bool:
 
 
 def _grade_class(args: argparse.Namespace) -> int:
-    import statistics
-    import time
-
-    from .course import batch
+    """A class: each student's total, the mean; exit 3 if any student could not be graded, each named."""
     if args.json:
-        print("ag grade: --json is for one student; a class writes one results file each with --json-dir",
-              file=sys.stderr)
+        _say("ag grade: --json is for one student; a class writes one results file each with --json-dir")
         return 2
     started = time.perf_counter()
-    reports = batch.grade_class(args.submission, args.tests, jobs=args.jobs, timeout=args.timeout,
-                                csv_path=args.csv, json_dir=args.json_dir)
+    try:
+        reports = batch.grade_class(args.submission, args.tests, jobs=args.jobs, timeout=args.timeout,
+                                    csv_path=args.csv, json_dir=args.json_dir, student_timeout=args.student_timeout)
+    except UnsafeTarget as error:
+        _say(f"ag grade: --csv: {error}")
+        return 2
     seconds = time.perf_counter() - started
-    max_total = max(r.max_score for r in reports.values())
-    for student, report in reports.items():
-        print(f"{report.score:6g}/{max_total:<4g} {student}")
-    mean = statistics.fmean(r.score for r in reports.values())
-    print(f"students: {len(reports)}, mean total: {mean:.1f} / {max_total:g}, time: {seconds:.1f} s "
-          f"({seconds / len(reports):.1f} s per student, {args.jobs} at a time)")
+    graded = {s: r for s, r in reports.items() if r.graded}
+    max_total = max((r.max_score for r in graded.values()), default=0.0)
+    for student, report in graded.items():
+        print(f"{report.score:6g}/{max_total:<4g} {for_terminal(student)}")
+    mean = statistics.fmean(r.score for r in graded.values()) if graded else 0.0
+    print(f"students: {len(reports)}, graded: {len(graded)}, mean total: {mean:.1f} / {max_total:g}, time: "
+          f"{seconds:.1f} s ({seconds / max(1, len(reports)):.1f} s per student, {args.jobs} at a time)")
     for label, path in (("gradebook", args.csv), ("results", args.json_dir)):
         if path:
-            print(f"{label} written: {path}")
-    return 0
+            print(f"{label} written: {for_terminal(path)}")
+    for student, report in reports.items():
+        if not report.graded:
+            _say(f"not graded: {for_terminal(student)}: {report.error}")
+    return 3 if len(graded) < len(reports) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--json", help="write Gradescope's results.json here")
     grade.add_argument("--tests", default=None, help="graded tests folder (default: tests/grading)")
     grade.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    grade.add_argument("--student-timeout", type=float, default=None, metavar="SECONDS",
+                       help="seconds for one student's whole grading, after which their remaining tests fail "
+                            f"(default: 5 x --timeout, at least 120: {student_limit(60.0):g} at the default)")
+    grade.add_argument("--quiet", action="store_true", help="one student: scores only, without the failed "
+                       "tests' messages")
     grade.add_argument("--autograder", metavar="OUT.zip", help="write a Gradescope autograder bundle instead")
     grade.add_argument("--jobs", type=int, default=1, help="a class: students graded at once (default 1)")
     grade.add_argument("--csv", metavar="GRADEBOOK.csv", help="a class: write the gradebook here")

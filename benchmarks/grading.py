@@ -2,10 +2,13 @@
 
     python benchmarks/grading.py                    # 300 students, as many at once as there are cores
     python benchmarks/grading.py --students 4       # a few students; the time is scaled to 300
+    python benchmarks/grading.py --students 4 --slow 1 --student-timeout 60   # and one that sleeps in every test
 
 Every student is a copy of solutions/, so every student must get full marks; the goal is the
 course's: a class of 300 graded on this machine in at most 15 minutes. With fewer students than
-300 the figure is scaled linearly from the seconds per student, and the output says so.
+300 the figure is scaled linearly from the seconds per student, and the output says so. With
+``--slow K``, K more students sleep past the timeout in every test (stubs, so they score 0): each
+may hold its job up by at most the per-student cap, which the output checks.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ag.course import EXERCISES, REPO  # noqa: E402
 from ag.course.batch import grade_class  # noqa: E402
+from ag.course.grade import student_limit  # noqa: E402
 from ag.lab.threads import cores  # noqa: E402
 from mlp import cpu_line  # noqa: E402
 
@@ -39,12 +43,49 @@ def make_class(root: Path, students: int) -> Path:
     return root
 
 
+SLEEP_IN_EVERY_FUNCTION = """
+
+import time as _time
+
+
+def _slow(function):
+    def slept(*args, **kwargs):
+        _time.sleep({seconds})
+        return function(*args, **kwargs)
+    return slept
+
+
+for _name in {names!r}:
+    globals()[_name] = _slow(globals()[_name])
+"""
+
+
+def make_slow(folder: Path, seconds: float) -> Path:
+    """A student folder of stubs whose graded functions sleep ``seconds`` first."""
+    folder.mkdir(parents=True)
+    for e in EXERCISES:
+        names = [name for _, name in e.functions]
+        text = (REPO / "exercises" / e.filename).read_text()
+        (folder / e.filename).write_text(text + SLEEP_IN_EVERY_FUNCTION.format(seconds=seconds, names=names))
+    return folder
+
+
+def slow_line(slow, cap: float) -> str:
+    """Whether each slow student was graded (0 points) within the cap, with a little for starting workers."""
+    held = max(r.seconds for r in slow.values())
+    ok = all(r.graded and r.score == 0 for r in slow.values()) and held <= cap + 15
+    return (f"{len(slow)} slow student(s): graded in at most {held:.1f} s each, against a cap of {cap:g} s: "
+            + ("held" if ok else "MISSED (" + "; ".join(r.error for r in slow.values() if not r.graded) + ")"))
+
+
 def missed_marks(reports) -> list[str]:
     """One line per student without full marks (the copies of solutions/ must all get them)."""
     full = max(r.max_score for r in reports.values())
     lines = []
     for student, report in reports.items():
-        if report.score < full:
+        if not report.graded:
+            lines.append(f"{student}: not graded: {report.error}")
+        elif report.score < full:
             failed = [t.name for t in report.tests if t.status != "passed"]
             lines.append(f"{student}: {report.score:g} / {full:g}; failed: {', '.join(failed[:3])}"
                          + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
@@ -67,18 +108,28 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=CLASS, help=f"class size K (default {CLASS})")
     parser.add_argument("--jobs", type=int, default=cores(), help="students at once (default: the cores it may use)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    parser.add_argument("--student-timeout", type=float, default=None, help="seconds per student (default: "
+                        "ag grade's, 5 x --timeout, at least 120)")
+    parser.add_argument("--slow", type=int, default=0, help="more students who sleep past the timeout in every test")
     args = parser.parse_args()
+    cap = student_limit(args.timeout, args.student_timeout)
 
     print(f"Grading a class of {args.students} copies of solutions/, {args.jobs} at a time")
     print(cpu_line())
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="ag-class-") as temp:
         folder = make_class(Path(temp) / "class", args.students)
+        for i in range(args.slow):
+            make_slow(folder / f"slow{i:03d}", args.timeout + 1)
         started = time.perf_counter()
         reports = grade_class(folder, jobs=args.jobs, timeout=args.timeout, csv_path=Path(temp) / "gradebook.csv",
-                              json_dir=Path(temp) / "results")
+                              json_dir=Path(temp) / "results", student_timeout=cap)
         seconds = time.perf_counter() - started
+    slow = {s: reports.pop(s) for s in list(reports) if s.startswith("slow")}
 
+    if slow:
+        print(slow_line(slow, cap))
+        seconds -= sum(r.seconds for r in slow.values()) / args.jobs  # the class's own time, without them
     per_student = seconds / args.students
     class_seconds = per_student * CLASS
     plural = "s" if args.students > 1 else ""

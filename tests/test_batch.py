@@ -166,31 +166,90 @@ def test_each_student_gets_a_results_json_that_gradescope_accepts(graded_class):
         assert data["score"] == report.score
 
 
-def test_a_student_whose_grading_raises_gets_zero_and_the_class_goes_on(tmp_path, monkeypatch):
+class FakeJudge:
+    """A judge that grades every student 2/2 on exercise 3, and fails for ben; it records its slots."""
+
+    slots: dict = {}
+
+    def __init__(self, tests=None, *, timeout=60.0, slot=0, hide=(), student_timeout=None):
+        self.slot = slot
+
+    def grade(self, submission):
+        FakeJudge.slots.setdefault(threading.get_ident(), set()).add(self.slot)
+        if submission.name == "ben":
+            raise RuntimeError("the sandbox\nbroke")
+        return course.Report(tests=[course.TestResult(name=f"{EX3.module_name}: test_x", max_score=2.0,
+                                                      score=2.0, status="passed")])
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def fake_class(tmp_path, monkeypatch):
     for name in ("ann", "ben", "cat", "dan"):
         copy_exercises(REPO / "exercises", tmp_path / "class" / name)
-    slots = {}
-
-    class FakeJudge:
-        def __init__(self, tests=None, *, timeout=60.0, slot=0, hide=()):
-            self.slot = slot
-
-        def grade(self, submission):
-            slots.setdefault(threading.get_ident(), set()).add(self.slot)
-            if submission.name == "ben":
-                raise RuntimeError("the sandbox\nbroke")
-            return course.Report(tests=[course.TestResult(name=f"{EX3.module_name}: test_x", max_score=2.0,
-                                                          score=2.0, status="passed")])
-
-        def close(self):
-            pass
-
+    FakeJudge.slots = {}
     monkeypatch.setattr(batch, "Judge", FakeJudge)
-    reports = batch.grade_class(tmp_path / "class", jobs=2, csv_path=tmp_path / "book.csv", progress=False)
+    return tmp_path / "class"
+
+
+def test_a_student_whose_grading_fails_is_not_graded_never_zero_and_the_class_goes_on(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "ben.json").write_text('{"score": 99}')  # a stale file from an earlier run
+    reports = batch.grade_class(fake_class(tmp_path, monkeypatch), jobs=2, csv_path=tmp_path / "book.csv",
+                                json_dir=results, progress=False)
     _, rows = read_gradebook(tmp_path / "book.csv")
-    assert [rows[s]["total"] for s in reports] == ["2", "0", "2", "2"]
-    assert rows["ben"]["max_total"] == "2" and rows["ben"]["error"] == "grading failed: RuntimeError: the sandbox broke"
-    assert all(len(s) == 1 for s in slots.values()) and set().union(*slots.values()) <= {0, 1}
+    assert [rows[s]["total"] for s in reports] == ["2", "", "2", "2"]
+    assert all(rows["ben"][c] == "" for c in EXERCISE_COLUMNS)
+    assert rows["ben"]["max_total"] == "2" and rows["ben"]["error"] == "not graded: RuntimeError: the sandbox broke"
+    assert not reports["ben"].graded and sorted(p.name for p in results.iterdir()) == ["ann.json", "cat.json", "dan.json"]
+    assert all(len(s) == 1 for s in FakeJudge.slots.values()) and set().union(*FakeJudge.slots.values()) <= {0, 1}
+
+
+def test_a_class_with_a_student_not_graded_exits_non_zero_and_names_them_with_the_reason(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from ag import cli
+    klass = fake_class(tmp_path, monkeypatch)
+    code = cli.main(["grade", str(klass), "--csv", str(tmp_path / "book.csv"), "--tests", str(REPO / "tests" / "grading")])
+    out, err = capsys.readouterr()
+    assert code == 3 and "not graded: ben: RuntimeError: the sandbox broke" in err
+    assert "students: 4, graded: 3" in out and " ben" not in out
+
+
+def test_a_cell_a_spreadsheet_would_read_as_a_formula_is_neutralised():
+    from ag.course.escape import for_csv
+    for cell in ("=1+1", "+1", "-1", "@SUM(A1)", "\t=1", "\r=1"):
+        assert for_csv(cell).startswith("'")
+    assert for_csv("alice") == "alice" and for_csv("=A1\x1b[2J") == "'=A1\\x1b[2J"
+
+
+def test_control_characters_are_shown_as_escapes_and_newlines_kept_only_when_asked():
+    from ag.course.escape import for_terminal
+    hostile = "a\x1b[2Jb\rc\x07d\x9be\u202ef\u2066g\nh\ti"
+    assert for_terminal(hostile) == "a\\x1b[2Jb\\x0dc\\x07d\\x9be\\u202ef\\u2066g\\x0ah\\x09i"
+    assert for_terminal(hostile, lines=True).endswith("g\nh\ti")
+    assert for_terminal("exercise 3: ö, 日本") == "exercise 3: ö, 日本"
+
+
+def test_a_result_file_is_written_whole_and_a_link_in_its_place_is_refused(tmp_path):
+    from ag.course.writing import UnsafeTarget, write_new
+    target = write_new(tmp_path / "results.json", "{}")
+    assert target.read_text() == "{}" and oct(target.stat().st_mode & 0o777) == "0o644"
+    write_new(target, "[]")
+    assert target.read_text() == "[]" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (tmp_path / "link.json").symlink_to(victim)
+    with pytest.raises(UnsafeTarget, match=r"link\.json is a symbolic link .*victim"):
+        write_new(tmp_path / "link.json", "{}")
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(UnsafeTarget, match="not a regular file"):
+        write_new(tmp_path / "folder.json", "{}")
+    assert victim.read_text() == "mine" and (tmp_path / "link.json").is_symlink()
 
 
 def test_progress_off_a_terminal_prints_a_line_every_tenth_of_the_class():

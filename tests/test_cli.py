@@ -158,3 +158,67 @@ def test_gpu_attention_demo_without_a_gpu_says_why_and_fails(capsys, monkeypatch
     assert cli.main(["demo", "attention", "--device", "gpu"]) == 1
     assert "no GPU here: CuPy is not importable" in capsys.readouterr().err
     assert cli.main(["demo", "memory", "--device", "gpu"]) == 2
+
+
+# ---- ag grade, as a student and a TA meet it ----
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ex3_only(tmp_path):
+    """The graded tests of exercise 3 alone (a few seconds to grade), and a student whose merge is wrong."""
+    tests = shutil.copytree(REPO / "tests" / "grading", tmp_path / "grading", ignore=shutil.ignore_patterns("__pycache__"))
+    for other in [*tests.glob("test_ex*.py"), *tests.glob("hidden/test_*.py")]:
+        if "ex3" not in other.name:
+            other.unlink()
+    student = tmp_path / "student"
+    student.mkdir()
+    source = (REPO / "exercises" / "ex3_online_softmax.py").read_text()
+    (student / "ex3_online_softmax.py").write_text(source.replace("raise NotImplementedError()", "return a", 1))
+    return tests, student
+
+
+def test_ag_grade_prints_each_failed_tests_message_and_quiet_prints_the_scores_only(ex3_only):
+    tests, student = ex3_only
+    loud = run_ag("grade", str(student), "--tests", str(tests), "--timeout", "30")
+    quiet = run_ag("grade", str(student), "--tests", str(tests), "--timeout", "30", "--quiet")
+    assert loud.returncode == quiet.returncode == 0, loud.stderr[-2000:]
+    assert "failed     0/3    ex3_online_softmax: test_two_merged_blocks" in loud.stdout
+    assert "        | " in loud.stdout and "the merged softmax(s) @ v" in loud.stdout  # what was compared
+    assert "| " not in quiet.stdout and "failed     0/3" in quiet.stdout and "\nscore: " in quiet.stdout
+
+
+def test_ag_grade_given_a_file_says_it_wants_a_folder(tmp_path):
+    file = tmp_path / "ex3_online_softmax.py"
+    file.write_text("")
+    result = run_ag("grade", str(file))
+    assert result.returncode == 2 and f"{file} is a file" in result.stderr and "folder" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_without_the_repository_around_ag_the_defaults_say_what_to_pass(tmp_path, monkeypatch, capsys):
+    """An install from a wheel (site-packages, no tests/grading beside ag) cannot find the graded tests."""
+    from ag import cli, course
+    monkeypatch.setattr(course, "REPO", tmp_path / "site-packages")
+    student = tmp_path / "student"
+    student.mkdir()
+    assert cli.main(["grade", str(student)]) == 2
+    assert "pass --tests FOLDER" in capsys.readouterr().err
+    assert cli.main(["grade", "--autograder", str(tmp_path / "a.zip")]) == 2
+    assert "run it from a checkout" in capsys.readouterr().err and not (tmp_path / "a.zip").exists()
+
+
+def test_a_submission_the_judge_could_not_grade_exits_non_zero_and_writes_no_results(tmp_path, monkeypatch, capsys):
+    from ag import cli, course
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("grade: the judge stopped \x1b[2J")
+    monkeypatch.setattr(course, "grade", broken)
+    student = tmp_path / "student"
+    student.mkdir()
+    code = cli.main(["grade", str(student), "--tests", str(REPO / "tests" / "grading"),
+                     "--json", str(tmp_path / "out" / "results.json")])
+    out, err = capsys.readouterr()
+    assert code == 3 and "not graded: grade: the judge stopped \\x1b[2J" in err and "score" not in out
+    assert not (tmp_path / "out" / "results.json").exists()

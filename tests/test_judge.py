@@ -1,7 +1,10 @@
 """The judge's parts: the data channel, probes cut from test files, the checks' messages."""
+import importlib
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -12,6 +15,8 @@ import pytest
 from ag import course
 from ag.course import channel, checks, payload, sandbox
 from ag.course.exercises import exercise_of
+
+grading = importlib.import_module("ag.course.grade")  # the module: ag.course.grade is its grade()
 
 
 def roundtrip(value):
@@ -232,3 +237,55 @@ def test_the_judge_loads_no_installed_pytest_plugin_but_its_own(tmp_path):
     submission.mkdir()
     report = course.grade(submission, tests)
     assert [(t.status, t.output) for t in report.tests] == [("passed", "")]
+
+
+def one_graded_test(folder: Path, body: str) -> Path:
+    folder.mkdir()
+    (folder / "test_ex1_judge.py").write_text(f"import pytest\n\n\n@pytest.mark.points(1)\ndef test_it():\n{body}")
+    return folder
+
+
+def test_the_judge_runs_isolated_in_its_own_folder_with_only_the_allowlisted_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TA_API_TOKEN", "ta-secret")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.chdir(tmp_path)
+    judge = grading.Judge(one_graded_test(tmp_path / "graded", "    pass\n"))
+    try:
+        environ = dict(v.split("=", 1) for v in Path(f"/proc/{judge.process.pid}/environ").read_text().split("\0") if v)
+        cwd = os.readlink(f"/proc/{judge.process.pid}/cwd")
+        argv = Path(f"/proc/{judge.process.pid}/cmdline").read_text().split("\0")
+    finally:
+        judge.close()
+    assert "TA_API_TOKEN" not in environ and "PYTHONPATH" not in environ
+    assert environ["LC_ALL"] == "C.UTF-8" and environ["PATH"] == os.environ["PATH"]
+    assert cwd == judge.scratch.name and "-I" in argv
+
+
+def test_the_judge_imports_the_ag_that_launched_it_even_where_isolation_alone_would_not_find_it(tmp_path):
+    fake = tmp_path / "elsewhere"
+    (fake / "ag" / "course").mkdir(parents=True)
+    (fake / "ag" / "__init__.py").write_text("")
+    (fake / "ag" / "course" / "__init__.py").write_text("")
+    (fake / "ag" / "course" / "judge.py").write_text("def main(argv):\n    print('this ag', argv)\n    return 0\n")
+    boot = [sys.executable, "-I", "-c", grading.BOOT]
+    other = subprocess.run([*boot, str(fake), str(fake / "ag" / "__init__.py"), "x"], capture_output=True, text=True)
+    assert other.stdout == "this ag ['x']\n", other.stderr
+    same = subprocess.run([*boot, str(fake), os.path.realpath(course.PACKAGE / "__init__.py"), "--help"],
+                          capture_output=True, text=True)
+    assert same.returncode == 0 and "python -m ag.course.judge" in same.stdout
+
+
+def test_a_judge_silent_past_the_student_limit_is_stopped_and_the_student_not_graded(tmp_path, monkeypatch):
+    monkeypatch.setattr(grading, "JUDGE_GRACE", 1.0)
+    tests = one_graded_test(tmp_path / "graded", "    import time\n    time.sleep(120)\n")
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    judge = grading.Judge(tests, student_timeout=2)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(RuntimeError, match=r"did not answer within 3 s .*it was stopped"):
+            judge.grade(submission)
+        assert time.perf_counter() - started < 30 and judge.process.poll() is not None
+    finally:
+        judge.close()

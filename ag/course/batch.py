@@ -2,54 +2,59 @@
 gradebook CSV and one Gradescope results.json per student.
 
 Each student's folder goes through the intake station (``intake``) inside ``Judge.grade``: what
-it did not take (a link, a bad notebook) is noted in the gradebook's error column.
+it did not take (a link, a bad notebook) is noted in the gradebook's error column. A student who
+could not be graded is never written down as 0 points: the gradebook row has no points and says
+why. Every file is written whole (``writing``), every text cell neutralised (``escape``).
 """
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from .escape import for_csv
 from .exercises import EXERCISES
-from .grade import Judge, Report, TestResult
+from .grade import Judge, Report
+from .writing import UnsafeTarget, check_target, write_new
 
-MAX_ERROR = 10_000  # characters of a failed grading kept in the student's results
-MAX_ERROR_LINE = 300  # and in the gradebook
+MAX_ERROR_LINE = 300  # characters of why a student was not graded, in the gradebook
 
 
 def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: int = 1, timeout: float = 60.0,
                 csv_path: Path | str | None = None, json_dir: Path | str | None = None,
-                progress: bool = True) -> dict[str, Report]:
+                progress: bool = True, student_timeout: float | None = None) -> dict[str, Report]:
     """Grade every student folder under ``folder``, ``jobs`` students at a time.
 
     Writes the gradebook (``csv_path``: student, points per exercise, total, max_total, error)
     and ``json_dir/<student>.json``, Gradescope's results for each. A student whose grading
-    raises gets 0 and the error, one line, in the gradebook; the others are graded all the same.
+    fails gets a Report with ``error`` set: no points and "not graded: why" in the gradebook, no
+    results file; the others are graded all the same. A link where a result file goes is refused.
     """
     students = student_folders(folder)
+    if csv_path is not None:
+        check_target(csv_path)
     if json_dir is not None:
         Path(json_dir).mkdir(parents=True, exist_ok=True)
-    reports, errors = {}, {}
+    reports, notes = {}, {}
     bar = Progress(len(students), enabled=progress)
     # the workers see neither the results nor the class (they get the intake's copies)
     hide = [Path(p).resolve() for p in (csv_path, json_dir, folder) if p is not None]
-    for student, report, error in _graded(students, tests, jobs, timeout, hide):
-        reports[student] = report
-        if error:
-            errors[student] = error
+    for student, report, note in _graded(students, tests, jobs, timeout, hide, student_timeout):
         if json_dir is not None:
-            _write_json(Path(json_dir) / f"{student}.json", report)
+            report = _write_json(Path(json_dir) / f"{student}.json", report)
+        reports[student] = report
+        if note:
+            notes[student] = note
         bar.advance()
     reports = dict(sorted(reports.items()))
     if csv_path is not None:
-        write_gradebook(csv_path, reports, errors)
+        write_gradebook(csv_path, reports, notes)
     return reports
 
 
@@ -61,9 +66,10 @@ def student_folders(folder: Path | str) -> dict[str, Path]:
     return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith((".", "__"))}
 
 
-def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: list[Path]):
-    """(student, report, error) as each student's grading finishes; each thread keeps one slot and
-    one judge process, which grades its students one after another."""
+def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: list[Path],
+            student_timeout: float | None = None):
+    """(student, report, notes) as each student's grading finishes; each thread keeps one slot and
+    one judge process, which grades its students one after another (a new one after a failure)."""
     jobs = max(1, min(jobs, len(students) or 1))
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(jobs):
@@ -75,12 +81,13 @@ def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: l
         if not hasattr(local, "slot"):
             local.slot = slots.get()
         if getattr(local, "judge", None) is None:
-            local.judge = Judge(tests, timeout=timeout, slot=local.slot, hide=hide)
+            local.judge = Judge(tests, timeout=timeout, slot=local.slot, hide=hide, student_timeout=student_timeout)
             judges.append(local.judge)
-        report, error = _grade_student(local.judge, students[student])
-        if error.startswith("grading failed"):  # the judge may be gone: the next student gets a new one
+        report, notes = _grade_student(local.judge, students[student])
+        if not report.graded:  # the judge may be gone or stuck: the next student gets a new one
+            local.judge.stop()
             local.judge = None
-        return student, report, error
+        return student, report, notes
 
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ag-grade")
     try:
@@ -93,45 +100,48 @@ def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: l
 
 
 def _grade_student(judge: Judge, folder: Path) -> tuple[Report, str]:
-    """The student's report and a one-line error ("" when grading went through)."""
+    """The student's report (``error`` set if they could not be graded) and the notes on what was skipped."""
     try:
         if folder.is_symlink():  # an archive's link among the students: whatever it names is no one's upload
             raise NotADirectoryError(f"{folder.name} is a link, not a student's folder: links are not followed")
         report = judge.grade(folder)
         return report, "; ".join(report.notes)
     except Exception as error:  # one student's failure never stops the class
-        text = f"grading failed: {type(error).__name__}: {error}"
-        line = " ".join(text.split())
-        return Report(tests=[TestResult(name="grading", max_score=0.0, score=0.0, status="failed",
-                                        output=text[:MAX_ERROR])]), line[:MAX_ERROR_LINE]
+        return Report(error=_one_line(f"{type(error).__name__}: {error}")), ""
 
 
-def write_gradebook(path: Path | str, reports: dict[str, Report], errors: dict[str, str]) -> Path:
-    """The gradebook CSV, written to a temporary file and renamed into place."""
-    path = Path(path)
-    max_total = max((r.max_score for r in reports.values()), default=0.0)
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:MAX_ERROR_LINE]
+
+
+def write_gradebook(path: Path | str, reports: dict[str, Report], notes: dict[str, str]) -> Path:
+    """The gradebook CSV, written whole; a student not graded has empty points and "not graded: why"."""
+    max_total = max((r.max_score for r in reports.values() if r.graded), default=0.0)
     header = ["student", *(e.module_name for e in EXERCISES), "total", "max_total", "error"]
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    for student, report in reports.items():
+        if report.graded:
+            points = [f"{p:g}" for p in (*report.by_exercise().values(), report.score)]
+            error = notes.get(student, "")
+        else:
+            points, error = [""] * (len(EXERCISES) + 1), f"not graded: {report.error}"
+        writer.writerow([for_csv(student), *points, f"{max_total:g}", for_csv(error)])
+    return write_new(path, out.getvalue())
+
+
+def _write_json(path: Path, report: Report) -> Report:
+    """Write the student's results.json; the report, or a report not graded if the file was refused.
+    A student not graded gets no results file (and loses a stale one from an earlier run)."""
     try:
-        with os.fdopen(fd, "w", newline="") as out:
-            writer = csv.writer(out)
-            writer.writerow(header)
-            for student, report in reports.items():
-                points = report.by_exercise().values()
-                writer.writerow([student, *(f"{p:g}" for p in points), f"{report.score:g}", f"{max_total:g}",
-                                 errors.get(student, "")])
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-    return path
-
-
-def _write_json(path: Path, report: Report) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(report.gradescope(), indent=2))
-    os.replace(temp, path)
+        if report.graded:
+            write_new(path, json.dumps(report.gradescope(), indent=2))
+        elif check_target(path).exists():
+            path.unlink()
+    except UnsafeTarget as error:
+        return Report(error=_one_line(f"results not written: {error}"))
+    return report
 
 
 class Progress:

@@ -10,12 +10,14 @@ It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytes
 tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
 worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
 fails, the next starts afresh), and records each test's result. The results are written only
-after every worker process is gone.
+after every worker process is gone. A submission has a wall-clock budget on top of the per-test
+timeout: once it is spent, the test running fails and the ones after it fail at once, each saying so.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -35,11 +37,22 @@ from .worker import clip
 MAX_TEST_OUTPUT = 4000
 
 
+class StudentLimit(Exception):
+    """The submission's wall-clock budget (``ag grade --student-timeout``) is spent."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"stopped: the per-student limit of {seconds:g} s was reached (ag grade "
+                         "--student-timeout): this test and the ones after it are not run to the end")
+
+
 class Session:
     """What one grading session (one submission) knows: the submission, the tests' metadata, the worker in use."""
 
-    def __init__(self, submission: Path, tests: Path, timeout: float, slot: int, hide: list[str]) -> None:
+    def __init__(self, submission: Path, tests: Path, timeout: float, slot: int, hide: list[str],
+                 student_timeout: float | None = None) -> None:
         self.submission, self.tests, self.timeout, self.slot, self.hide = submission, tests, timeout, slot, hide
+        self.student_timeout = student_timeout
+        self.deadline = time.monotonic() + student_timeout if student_timeout else math.inf
         self.meta: dict[str, dict] = {}
         self.order: list[str] = []
         self.results: dict[str, dict] = {}
@@ -68,7 +81,8 @@ class Session:
         self.order = [item.nodeid for item in items]
 
     def run_probe(self, exercise, probe, args, kwargs):
-        """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot."""
+        """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot,
+        StudentLimit once the submission's budget is spent (each call gets at most what is left)."""
         name = f"{probe.__module__}:{probe.__qualname__}"
         if not getattr(probe, "__ag_probe__", False):
             raise TypeError(f"{name} is not marked @probe")
@@ -76,10 +90,21 @@ class Session:
             raise TypeError(f"{name}: a probe must come from a public test file of exercise "
                             f"{exercise.number} (test_ex{exercise.number}_*.py): hidden files never reach "
                             "the worker")
-        if exercise.number in self.broken:
-            raise StudentError(self.broken[exercise.number])
-        worker = self._worker_for(exercise)
-        return worker.call(name, args, kwargs)
+        try:
+            if self._left() <= 0:
+                raise StudentLimit(self.student_timeout)
+            if exercise.number in self.broken:
+                raise StudentError(self.broken[exercise.number])
+            worker = self._worker_for(exercise)
+            worker.timeout = min(self.timeout, self._left())
+            return worker.call(name, args, kwargs)
+        except StudentError:
+            if self._left() <= 0:
+                raise StudentLimit(self.student_timeout) from None
+            raise
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
 
     def _worker_for(self, exercise) -> Worker:
         """The worker for ``exercise``: the one in use, or a new one given what the judge chose for
@@ -91,7 +116,7 @@ class Session:
             try:
                 worker = Worker(payload.worker_files(exercise, self.submission, self.tests),
                                 {"exercise": exercise.number}, label=f"your {exercise.filename}",
-                                timeout=self.timeout, slot=self.slot, hide=self.secrets,
+                                timeout=min(self.timeout, self._left()), slot=self.slot, hide=self.secrets,
                                 probes=self.probes_per_exercise.get(exercise.number, 1))
                 worker.start()
             except StudentError as error:
@@ -120,6 +145,7 @@ def pytest_addoption(parser) -> None:
     group = parser.getgroup("ag grade")
     group.addoption("--ag-submission", help="the student's folder")
     group.addoption("--ag-timeout", type=float, default=60.0, help="seconds per probe")
+    group.addoption("--ag-student-timeout", type=float, default=None, help="seconds for the whole submission")
     group.addoption("--ag-slot", type=int, default=0, help="which worker user a parallel job uses")
     group.addoption("--ag-hide", action="append", default=[], help="a path the worker must not see")
 
@@ -131,8 +157,8 @@ def pytest_configure(config) -> None:
     submission = config.getoption("--ag-submission")
     if submission:
         _session = Session(Path(submission).resolve(), Path(str(config.args[0])).resolve(),
-                       config.getoption("--ag-timeout"), config.getoption("--ag-slot"),
-                       config.getoption("--ag-hide"))
+                           config.getoption("--ag-timeout"), config.getoption("--ag-slot"),
+                           config.getoption("--ag-hide"), config.getoption("--ag-student-timeout"))
         if threading.current_thread() is threading.main_thread():
             config.stash[_sigterm_was] = signal.signal(signal.SIGTERM, _stop_on_sigterm) or signal.SIG_DFL
 
@@ -196,6 +222,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 def _message(error: BaseException) -> str:
     """What a failed test says: the check's own message (never its source or a traceback)."""
+    if isinstance(error, StudentLimit):
+        return str(error)
     if isinstance(error, StudentError):  # its text comes from the student's side: shown as code
         return f"Your code failed here:\n\n{fenced(str(error))}"
     if isinstance(error, AssertionError):
@@ -212,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ag.course.judge", description=__doc__.splitlines()[0])
     parser.add_argument("--tests", required=True)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--student-timeout", type=float, default=None)
     parser.add_argument("--slot", type=int, default=0)
     parser.add_argument("--hide", action="append", default=[])
     parser.add_argument("-k", dest="select", help="only the tests whose names match (pytest's -k)")
@@ -219,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     # only ag's plugin: another installed one (nbmake, hypothesis) would cost seconds of imports per
     # submission and could change how the graded tests run
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped by `grade`: pytest's finish closes the workers
     replies = sys.stdout
     sys.stdout = sys.stderr  # pytest's report is a log; stdout carries only the replies
     with tempfile.TemporaryDirectory(prefix="ag-judge-") as scratch:
@@ -237,6 +267,8 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
     options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
                "no:cacheprovider", "--assert=plain", "-q", "--no-header", "--tb=short", "-W", "ignore",
                "--ag-submission", submission, "--ag-timeout", str(args.timeout), "--ag-slot", str(args.slot)]
+    if args.student_timeout:
+        options += ["--ag-student-timeout", str(args.student_timeout)]
     for path in args.hide:
         options += ["--ag-hide", path]
     if args.select:
@@ -251,6 +283,10 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
     ordered = [session.results[nodeid] for nodeid in session.order if nodeid in session.results]
     out.write_text(json.dumps(ordered))
     return {"ok": True}
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":
