@@ -7,7 +7,10 @@ An optimizer holds parameters (leaf Tensors with ``requires_grad=True``) and, fr
 ``named_state()`` lists them for whoever labels memory; ``state_bytes()`` adds up their nbytes.
 
 A step changes ``p.value`` in place (``out=``, ``-=``) and reads ``p.grad`` without changing it.
-Its one temporary, ``scratch``, is the size of one parameter and is freed before the next.
+It runs the formula on one block of ``BLOCK`` elements at a time, and a large parameter's blocks
+on ag's op threads (``ops.threads``), so its one temporary, ``scratch``, is a block a thread (a
+whole parameter where an array is not C-contiguous). Every operation in a rule rounds correctly
+and acts elementwise, so blocks and threads change no bit of the result.
 """
 from __future__ import annotations
 
@@ -46,6 +49,9 @@ class Optimizer:
         for p in group["params"]:
             if p.grad is None:
                 continue
+            if p.grad.shape != p.shape:
+                raise ValueError(f"{type(self).__name__}.step: {p.describe()} has shape {p.shape} and a grad "
+                                 f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
             state = self.state.get(p)
             if state is None:  # the first step allocates the state, as torch does
                 state = self.state[p] = {"step": 0, **{name: np.zeros_like(p.value) for name in self.state_names}}

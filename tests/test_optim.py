@@ -1,7 +1,5 @@
 """ag.optim: SGD with momentum, Adam and AdamW step for step with torch.optim, in place, their
 state allocated at the first step and measured with tracemalloc, saved and resumed exactly."""
-import io
-import os
 import tracemalloc
 
 import numpy as np
@@ -201,6 +199,13 @@ def test_a_parameter_without_a_grad_is_neither_stepped_nor_given_state():
     assert list(opt.state_dict()["state"]) == [0] and opt.state_bytes() == 2 * a.nbytes
 
 
+def test_a_grad_of_another_shape_than_its_parameter_is_refused_at_the_step():
+    (w,) = make_params(shapes=[(4, 3)])
+    w.grad = np.ones(3)
+    with pytest.raises(ValueError, match=r"tensor 'p0' has shape \(4, 3\) and a grad of shape \(3,\)"):
+        optim.SGD([w], lr=0.1).step()
+
+
 def test_a_learning_rate_changed_in_param_groups_between_steps_is_used():
     params = make_params()
     opt = optim.SGD(params, lr=0.1, momentum=0.9)
@@ -397,7 +402,8 @@ def test_load_state_dict_refuses_state_for_other_parameters():
     with pytest.raises(ValueError, match=r"saved group has 5 parameters, this optimizer 2"):
         optim.Adam(params[:2]).load_state_dict(saved)
     other = make_params(shapes=[(3, 3)] * 5)
-    with pytest.raises(ValueError, match=r"state 0 exp_avg is \(64, 48\) float64, expected \(3, 3\) float64 like params\[0\]"):
+    mismatch = r"state 0 exp_avg is \(64, 48\) float64, expected \(3, 3\) float64 like params\[0\]"
+    with pytest.raises(ValueError, match=mismatch):
         optim.Adam(other).load_state_dict(saved)
     with pytest.raises(ValueError, match=r"one param group with keys \['lr', 'momentum', 'params', 'weight_decay'\]"):
         optim.SGD(params, lr=0.1).load_state_dict(saved)
