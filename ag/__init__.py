@@ -26,6 +26,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `attention/` | arrays, lab, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
+| `optim` | tensor | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
@@ -34,7 +35,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `cli` | attention, course, demo, parallel | the `ag` command |
 <!-- module map -->
 """
-from . import attention, lab, memory_model, nn, remat, trace
+from . import attention, lab, memory_model, nn, optim, remat, trace
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
@@ -49,7 +50,7 @@ from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topol
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "optim", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",

@@ -6,26 +6,20 @@ An optimizer holds parameters (leaf Tensors with ``requires_grad=True``) and, fr
 "step". As in torch nothing is allocated before the first step; then 1 or 2 arrays a parameter.
 ``named_state()`` lists them for whoever labels memory; ``state_bytes()`` adds up their nbytes.
 
-A step changes ``p.value`` in place (``out=``, ``-=``) and reads ``p.grad`` without changing it.
-It runs the formula on one block of ``BLOCK`` elements at a time, and a large parameter's blocks
-on ag's op threads (``ops.threads``), so its one temporary, ``scratch``, is a block a thread (a
-whole parameter where an array is not C-contiguous). Every operation in a rule rounds correctly
-and acts elementwise, so blocks and threads change no bit of the result.
+A step changes ``p.value`` in place (``out=``, ``-=``) and reads ``p.grad`` without changing it;
+its one temporary, ``scratch``, is the size of one parameter and is freed before the next.
 """
 from __future__ import annotations
 
-import functools
 import math
 from numbers import Real
 from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .ops import threads
 from .tensor import Tensor
 
 STEPPABLE = (np.dtype(np.float32), np.dtype(np.float64))
-BLOCK = 1 << 15  # elements: a block of θ, g, m, v and the scratch (5 × 128 kB of float32) stays in L2
 
 
 class Optimizer:
@@ -56,18 +50,7 @@ class Optimizer:
             if state is None:  # the first step allocates the state, as torch does
                 state = self.state[p] = {"step": 0, **{name: np.zeros_like(p.value) for name in self.state_names}}
             state["step"] += 1
-            in_blocks = functools.partial(self.update_in_blocks, group, state["step"])
-            threads.elementwise(in_blocks, p.value, p.grad, *(state[name] for name in self.state_names))
-
-    def update_in_blocks(self, group: dict, t: int, *arrays: np.ndarray) -> None:
-        """``update`` on each block of BLOCK elements in turn (views of the flat arrays), so that
-        its dozen passes read the cache; on the whole arrays where one is not C-contiguous."""
-        if not all(a.flags.c_contiguous for a in arrays):
-            self.update(group, t, *arrays)
-            return
-        flat = [a.reshape(-1) for a in arrays]
-        for start in range(0, flat[0].size, BLOCK):
-            self.update(group, t, *(a[start:start + BLOCK] for a in flat))
+            self.update(group, state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
 
     def update(self, group: dict, t: int, theta: np.ndarray, grad: np.ndarray, *state: np.ndarray) -> None:
         """Step ``theta`` in place with ``grad`` and the state arrays (``state_names``) at step ``t``."""

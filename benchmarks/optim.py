@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, help="threads for both: torch.set_num_threads, ag.set_workers")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (ag's step is one NumPy pass a line, on one thread)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--memory-worker", nargs=2, metavar=("FRAMEWORK", "OPTIMIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -143,7 +143,6 @@ def main() -> None:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-        ag.set_workers(args.threads)
     widths = [int(w) for w in args.widths.split(",")]
     print(f"Optimizer step: {args.layers} x (weight width x width, bias width), {args.dtype}, fixed grads")
     for line in machine_lines():
