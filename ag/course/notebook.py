@@ -28,6 +28,8 @@ from .exercises import EXERCISES, REPO, Exercise, exercise_of
 
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
+REFERENCES = {"references": Path("references") / "__init__.py",  # public (under GRADING)
+              "judge_references": Path("hidden") / "judge_references.py"}  # the hidden tests' only
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 FIXTURES = ("worker",)  # the only fixture the graded tests may ask for: the notebook provides it
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -205,7 +207,7 @@ def _self_check(exercise: Exercise) -> str:
 
 class _Module(NamedTuple):
     imports: list[str]
-    references: list[str]  # names it imports from references.py
+    references: dict[str, list[str]]  # names it imports from each of REFERENCES
     definitions: list[str]  # everything else but the tests: probes, helpers, constants
     tests: list[ast.FunctionDef]
     lines: list[str]
@@ -220,14 +222,15 @@ def graded_tests(exercise: Exercise, grading: Path = GRADING) -> tuple[str, list
                                 f"found {len(public)}")
     hidden = [p for p in sorted((grading / "hidden").glob("test_*.py")) if exercise_of(p) is exercise]
     module = _read(public[0], public[0].stem)
-    references = _references(grading / "references.py", module.references)
+    references = _all_references(grading, module.references)
     setup = "\n".join(_unique(module.imports + references.imports + ["from ag.course import notebook"])) + "\n\n\n"
     setup += "\n\n\n".join(references.definitions + module.definitions)
     setup += f'\n\n\nworker = notebook.worker(globals(), "{exercise.module_name}")'
     tests = _tests(module, public[0], hidden=False)
     for path in hidden:
         extra = _read(path, public[0].stem)
-        found = _references(grading / "references.py", [r for r in extra.references if r not in module.references])
+        found = _all_references(grading, {m: [r for r in names if r not in module.references.get(m, [])]
+                                          for m, names in extra.references.items()})
         preamble = "\n".join(_unique([i for i in extra.imports + found.imports if i not in module.imports]))
         preamble = "\n\n\n".join(filter(None, [preamble] + found.definitions + extra.definitions))
         tests += _tests(extra, path, hidden=True, preamble=preamble)
@@ -239,11 +242,11 @@ def _read(path: Path, public: str) -> _Module:
     (``public``, which the notebook has run already) are left out of its imports."""
     text = path.read_text()
     tree, lines = ast.parse(text), text.split("\n")
-    module = _Module([], [], [], [], lines)
+    module = _Module([], {}, [], [], lines)
     for node in tree.body:
         segment = "\n".join(lines[node.lineno - 1:node.end_lineno])
-        if isinstance(node, ast.ImportFrom) and node.module == "references":
-            module.references.extend(a.name for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module in REFERENCES:
+            module.references.setdefault(node.module, []).extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module == public:
             continue
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -268,6 +271,12 @@ def _uses_pytest(tree: ast.Module) -> bool:
 class _References(NamedTuple):
     imports: list[str]
     definitions: list[str]
+
+
+def _all_references(grading: Path, names: dict[str, list[str]]) -> _References:
+    """The functions each of REFERENCES gives for ``names`` ({module: names}), with their imports."""
+    found = [_references(grading / REFERENCES[module], wanted) for module, wanted in names.items()]
+    return _References([i for f in found for i in f.imports], [d for f in found for d in f.definitions])
 
 
 def _references(path: Path, names: list[str]) -> _References:
