@@ -3,9 +3,10 @@
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
 into it (accumulate_grad, which every op's _backward(out, saved) calls with a grad computed
 from out.grad and the values its forward saved): take the incoming array itself where
-handover.can_own(grad) allows it, else a copy, and tell tracing with
-trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own backward step
-(backward_step, which backward runs for each node in turn).
+handover.can_own(grad) allows it (an array that nothing else holds, such as a fresh product,
+may become the grad as it is; a view or out.grad still read later may not), else a copy, and
+tell tracing with trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its
+own backward step (backward_step, which backward runs for each node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex1_discard_grad.py

@@ -42,7 +42,9 @@ EXERCISES = (
         "A grad buffer costs as much as its value. Allocate it lazily, the first time something "
         "flows into it (accumulate_grad, which every op's _backward(out, saved) calls with a grad "
         "computed from out.grad and the values its forward saved): take the "
-        "incoming array itself where handover.can_own(grad) allows it, else a copy, and tell "
+        "incoming array itself where handover.can_own(grad) allows it (an array that nothing else holds, "
+        "such as a fresh product, may become the grad as it is; a view or out.grad still read later may "
+        "not), else a copy, and tell "
         "tracing with trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own "
         "backward step (backward_step, which backward runs for each node in turn).",
         (("tensor", "accumulate_grad"), ("tensor", "backward_step")),
@@ -92,10 +94,13 @@ EXERCISES = (
         "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
         "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
         "once at the end into og (O, heads grouped as q's are in qg), and store the row logsumexp "
-        "m_i + log l_i into lse_g. q_i comes scaled (scale * Q_i); "
+        "m_i + log l_i into lse_g. qg, kg, vg are q, k, v viewed by tiles.grouped as (..., h_kv, group, n, d): "
+        "the query heads that share a key/value head sit side by side, so a key tile kg[..., cols, :] "
+        "broadcasts against all of them (grouped-query attention). q_i comes scaled (scale * Q_i); "
         "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
-        "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
-        "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
+        "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles(q_start, q_stop) the k_start "
+        "of each key tile that rows q_start..q_stop-1 can see (a range in steps of tiles.block_k; causal: "
+        "up to the last key they see), its columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
         "columns (np.max and np.sum with keepdims=True give the same, more slowly). "
         "flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's own.",
         (("attention.forward", "tiled_forward"),),
