@@ -19,12 +19,15 @@ import ast
 import hashlib
 import json
 import re
+import site
+import sys
+import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .exercises import EXERCISES, REPO, Exercise, exercise_of
+from .exercises import EXERCISES, PACKAGE, REPO, Exercise, exercise_of
 
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
@@ -64,6 +67,63 @@ def worker(namespace: dict, exercise: str) -> Callable:
         args, kwargs = channel.decode(channel.encode([list(args), kwargs]))
         return channel.decode(channel.encode(probe(module, *args, **kwargs)))
     return run
+
+
+def failure(test: Callable, *args) -> str | None:
+    """Run a graded test's check in the kernel: None if it passes, else what failed, as plain text.
+
+    The test cell asserts on the result itself (``assert failure is None, failure``), so nbgrader's
+    feedback shows the check's message under the cell's own lines: no traceback through ag's files
+    (the instructor's paths), no Markdown (a notebook's error output is not rendered)."""
+    try:
+        test(*args)
+    except AssertionError as error:
+        return plain_text(str(error) or "the check failed")
+    except Exception as error:  # noqa: BLE001 -- the student's code failed: say how, and where in it
+        return f"Your code raised {type(error).__name__}: {error}{_where(error)}"
+    return None
+
+
+def _where(error: BaseException) -> str:
+    """Where in the notebook's own code ``error`` arose: the innermost frame outside Python and ag."""
+    outside = [Path(p).resolve() for p in (PACKAGE, sys.prefix, sys.base_prefix, *site.getsitepackages())]
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if not any(path.is_relative_to(o) for o in outside):
+            return f" (in {frame.name}, line {frame.lineno} of its cell)"
+    return ""
+
+
+def plain_text(markdown: str) -> str:
+    """A check's Markdown message as plain text: code fences become indented lines, a table one line
+    per row ("at index (0, 0): expected 1, got 2"), code spans and bold marks go."""
+    out, fence, header = [], None, None
+    for line in markdown.split("\n"):
+        opened = re.match(r"^(`{3,})", line)
+        if fence is not None:
+            if line.startswith(fence) and not line.strip("`"):
+                fence = None
+            else:
+                out.append("    " + line)
+        elif opened:
+            fence = opened.group(1)
+        elif line.startswith("|") and line.endswith("|"):
+            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not all(set(c) <= set("-: ") for c in cells):
+                first, *rest = zip(header, cells)
+                out.append(f"{first[0]} {first[1]}: " + ", ".join(f"{h} {c}" for h, c in rest))
+        else:
+            header = None
+            out.append(_inline(line))
+    return "\n".join(out).strip()
+
+
+def _inline(text: str) -> str:
+    """``text`` without Markdown's inline marks: code spans keep their content, bold and escapes go."""
+    text = re.sub(r"(`+) ?(.*?) ?\1", lambda m: m.group(2), text)
+    return re.sub(r"\\([\\`*_{}\[\]()#+\-.!|])", r"\1", text.replace("**", ""))
 
 
 class Cell(NamedTuple):
@@ -318,7 +378,8 @@ def _tests(module: _Module, path: Path, *, hidden: bool, preamble: str = "") -> 
                              f"only {', '.join(FIXTURES)}")
         for index, values in enumerate(parameters[1] if parameters else [()]):
             given = dict(zip(parameters[0], values)) if parameters else {}
-            call = f"{node.name}({', '.join(n if n in FIXTURES else repr(given[n]) for n in names)})"
+            arguments = "".join(f", {n if n in FIXTURES else repr(given[n])}" for n in names)
+            call = f"failure = notebook.failure({node.name}{arguments})\nassert failure is None, failure"
             body = f"{definition}\n\n\n{call}" if index == 0 else call
             suffix = "-".join(re.sub(r"[^A-Za-z0-9_]", "_", str(v)) for v in values)
             grade_id = f"{node.name}-{suffix}" if suffix else node.name
