@@ -340,7 +340,7 @@ def _all_references(grading: Path, names: dict[str, list[str]]) -> _References:
 
 
 def _references(path: Path, names: list[str]) -> _References:
-    """The functions ``names`` of references.py and those they call, in the file's order, with its imports."""
+    """The functions ``names`` of a references file and those they call, in the file's order, with its imports."""
     if not names:
         return _References([], [])
     text = path.read_text()
