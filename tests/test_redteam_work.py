@@ -2,8 +2,8 @@
 
 Each case copies solutions/ and replaces ONE exercise file by the student's stub (exercises/)
 with one function written the lazy way: merging two softmax blocks by returning the first, the
-optimal plan by searching every plan, the flash loops by naive attention copied from the public
-references, the lecture's memory table and the recomputation count by patching ag's own
+optimal plan by searching every plan, the flash loops by calling naive attention copied from the
+public references (tests/grading/references/), the lecture's memory table and the recomputation count by patching ag's own
 ``demo.matmul_chain``, ``trace`` and ``count_ops`` from the module. Each is graded once through
 the CLI and must score 0 on every test of its exercise (hidden ones included) and full marks on
 every other test.
@@ -47,54 +47,35 @@ def _optimal(p, budget):
     return best[1]
 '''
 
-NAIVE_FORWARD = '''
+NAIVE_FORWARD = """
 def tiled_forward(tiles, q, k, v, out=None):
-    """Naive attention, as the public references compute it: the whole score matrix at once."""
-    group = q.shape[-3] // k.shape[-3]
-    p, lse = _probabilities(q * tiles.scale, k, tiles.causal)
-    o = p @ np.repeat(v, group, axis=-3)
+    \"\"\"Naive attention, the public reference's: the whole score matrix at once.\"\"\"
+    o, lse = attention(q, k, v, tiles.causal)
     if out:
         out[0][...], out[1][...] = o, lse
         return out
     return o, lse
+"""
 
-
-def _probabilities(q, k, causal):
-    group = q.shape[-3] // k.shape[-3]
-    s = q @ np.swapaxes(np.repeat(k, group, axis=-3), -1, -2)
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    if causal:
-        offset = n_k - n_q if causal == "bottom_right" else 0
-        s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(s - m)
-    l = e.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        return np.divide(e, l, out=np.zeros_like(e), where=l > 0), (m + np.log(l))[..., 0]
-'''
-
-NAIVE_BACKWARD = '''
+NAIVE_BACKWARD = """
 def tiled_backward(tiles, q, k, v, o, lse, do, grads=None):
-    """Naive attention's gradients, as the public references compute them: P whole."""
-    group = q.shape[-3] // k.shape[-3]
-    kr, vr = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
-    s = q @ np.swapaxes(kr, -1, -2) * tiles.scale
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    if tiles.causal:
-        offset = n_k - n_q if tiles.causal == "bottom_right" else 0
-        s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    l = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
-    ds = p * (do @ np.swapaxes(vr, -1, -2) - np.sum(do * (p @ vr), axis=-1, keepdims=True))
-    dq = ds @ kr * tiles.scale
-    shape = k.shape[:-3] + (k.shape[-3], group) + k.shape[-2:]
-    dk = (np.swapaxes(ds, -1, -2) @ q * tiles.scale).reshape(shape).sum(axis=-3)
-    dv = (np.swapaxes(p, -1, -2) @ do).reshape(shape).sum(axis=-3)
-    return dq, dk, dv
-'''
+    \"\"\"Naive attention's gradients, the public reference's: P whole.\"\"\"
+    return attention_grads(q, k, v, do, tiles.causal)
+"""
+
+
+def from_the_references(*names: str) -> str:
+    """The public references' functions ``names`` and those they call, as their source text."""
+    text = (REPO / "tests" / "grading" / "references" / "__init__.py").read_text()
+    functions = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        todo += [n.id for n in ast.walk(functions[name]) if isinstance(n, ast.Name) and n.id in functions
+                 and n.id not in wanted]
+    return "".join("\n\n" + ast.get_source_segment(text, functions[n]) + "\n" for n in sorted(wanted))
+
 
 FAKE_LECTURE_TABLE = '''
 import ag.demo as _demo
@@ -137,8 +118,8 @@ _ag.count_ops = _count_ops
 ATTACKS = {
     "return_the_first_block": (3, RETURN_FIRST, ""),
     "brute_force_search": (6, BRUTE_FORCE, ""),
-    "naive_forward_from_the_references": (4, NAIVE_FORWARD, ""),
-    "naive_backward_from_the_references": (5, NAIVE_BACKWARD, ""),
+    "naive_forward_from_the_references": (4, NAIVE_FORWARD + from_the_references("attention"), ""),
+    "naive_backward_from_the_references": (5, NAIVE_BACKWARD + from_the_references("attention_grads"), ""),
     "faked_lecture_table": (1, "", FAKE_LECTURE_TABLE),
     "faked_recompute_count": (2, "", FAKE_COUNT),
 }

@@ -32,6 +32,7 @@ from .exercises import EXERCISES, PACKAGE, REPO, Exercise, exercise_of
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
 REFERENCES = {"references": Path("references") / "__init__.py",  # public (under GRADING)
+              "zero_pages": Path("zero_pages.py"),  # public ops the memory probes build chains of
               "judge_references": Path("hidden") / "judge_references.py"}  # the hidden tests' only
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 FIXTURES = ("worker",)  # the only fixture the graded tests may ask for: the notebook provides it

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from references import tanh_chain_grads
 
+from zero_pages import sin_head, weighted_head
+
 from ag.course import probe
 from ag.course.checks import expect_close, expect_equal
 
@@ -51,31 +53,6 @@ def recomputed_products(ex, weights, x):
 
 
 HEAD_LAYERS, VALUE_MIB = 24, 160  # 25 values of 160 MiB: 3.9 GiB if every one stays, under 2 GiB with sqrt checkpoints
-
-
-def sin_head(a):
-    """An op: out = sin(a) + 1/2 on the first 4 elements, 0 elsewhere (zero pages: address space,
-    not time); da = cos(a) · dout there, so backward reads a's value."""
-    from ag.tensor import accumulate_grad, make_output
-    value = np.zeros(a.shape)
-    value[:4] = np.sin(a.value[:4]) + 0.5
-
-    def _backward(out, saved):
-        g = np.zeros(a.shape)
-        g[:4] = np.cos(saved[a][:4]) * out.grad[:4]
-        accumulate_grad(a, g)
-    return make_output(value, "sin_head", (a,), _backward, saves=(a,))
-
-
-def weighted_head(a, w):
-    """An op: out = Σ w · a[:4], a scalar; da = w · dout on the first 4 elements, 0 elsewhere."""
-    from ag.tensor import accumulate_grad, make_output
-
-    def _backward(out, saved):
-        g = np.zeros(a.shape)
-        g[:4] = w * out.grad
-        accumulate_grad(a, g)
-    return make_output(np.float64(0), "weighted_head", (a,), _backward)
 
 
 def head_chain_grad(x, w, n_layers):
