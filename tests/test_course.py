@@ -149,7 +149,8 @@ def test_the_autograder_bundle_holds_what_gradescope_runs(tmp_path):
     with zipfile.ZipFile(tmp_path / "autograder.zip") as bundle:
         names = set(bundle.namelist())
         assert {"setup.sh", "run_autograder", "ag-src/pyproject.toml", "ag-src/ag/course/grade.py",
-                "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py"} <= names
+                "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py",
+                "tests/grading/references/__init__.py", "tests/grading/hidden/judge_references.py"} <= names
         assert (bundle.getinfo("run_autograder").external_attr >> 16) & 0o111
         assert b"ag grade /autograder/submission" in bundle.read("run_autograder")
 
