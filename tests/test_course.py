@@ -63,6 +63,7 @@ WRONG_SOLUTIONS = {
     "grad_never_freed": (1, "        node.grad = None\n", "        pass\n"),
     "grad_overwritten_instead_of_added": (1, "        tensor.grad += grad", "        tensor.grad = grad"),
     "retain_grad_ignored": (1, "node.is_leaf or node._retains_grad or", "node.is_leaf or"),
+    "value_never_discarded": (2, "        tensor.value = None\n", "        pass\n"),
     "first_block_returned": (3, "    m = np.maximum(a.m, b.m)\n", "    return a\n"),
     "float32_accumulator": (4, "acc = np.zeros(q_i.shape, dtype=dtype)", "acc = np.zeros(q_i.shape, dtype=np.float32)"),
     "float32_probabilities": (5, "p = tiles.exp(s)\n", "p = tiles.exp(s).astype(np.float32)\n"),

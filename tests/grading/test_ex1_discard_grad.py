@@ -5,7 +5,6 @@ cannot fake it: a chain whose grads together need more address space than the wo
 (``sandbox.ADDRESS_SPACE``) runs only if each non-leaf grad is freed after its step."""
 import numpy as np
 import pytest
-
 from zero_pages import scale_head, weighted_head
 
 from ag.course import probe

@@ -6,7 +6,6 @@ process), so the same test runs a chain whose values fit the worker's 3 GiB of a
 import numpy as np
 import pytest
 from references import tanh_chain_grads
-
 from zero_pages import sin_head, weighted_head
 
 from ag.course import probe
