@@ -327,9 +327,10 @@ def _student_guide() -> str:
    the exercise is right (at the grader's own tolerance). Exercises 2, 5 and 7 run on others too: keep
    your solved files side by side in `exercises/`.
 5. **Grade yourself**: `ag grade exercises --tests tests/grading` runs the public graded tests on your
-   files as the grader does (`--json results.json` keeps each test's message). Hidden tests are added
-   when your upload is graded; they test the same things on other data. Some tests run your code at
-   sizes where only the intended algorithm fits the grader's limits (3 GiB of memory, the timeout).
+   files as the grader does and prints why each failed test failed (`--quiet`: scores only). Hidden
+   tests are added when your upload is graded; they test the same things on other data. Some tests
+   run your code at sizes where only the intended algorithm fits the grader's limits (3 GiB of
+   memory, the timeout).
 6. **Upload** your exercise files, named exactly as given:
 
 {names}
