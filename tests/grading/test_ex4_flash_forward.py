@@ -4,6 +4,8 @@ Every test also runs the loop on queries that face 262,144 keys: their score mat
 × 1024 × 262,144 float64, 4 GiB) cannot fit under the worker's 3 GiB, so attention that builds it
 fails with MemoryError, while the tiles a causal query tile can see take milliseconds. No query
 sees a key past the 1024th (causal), so the judge's reference needs only the first 1024."""
+import functools
+
 import numpy as np
 import pytest
 from references import attention, qkv
@@ -46,12 +48,18 @@ def flash_forward_long(ex):
     return {"o": o, "lse": lse}
 
 
+@functools.lru_cache(maxsize=1)
+def long_reference(reference):
+    """O and L of the long keys, computed once per judge."""
+    q, k, v = long_keys()
+    return reference(q, k[..., :LONG_QUERIES, :], v[..., :LONG_QUERIES, :], causal=True)
+
+
 def expect_tiles_fit(worker, reference):
     """The loop runs where the whole score matrix cannot fit, and gives the exact causal O and L
     (``reference``: naive attention, given by the check, since a probe file's helpers reach the worker)."""
     got = worker(flash_forward_long)
-    q, k, v = long_keys()
-    o, lse = reference(q, k[..., :LONG_QUERIES, :], v[..., :LONG_QUERIES, :], causal=True)
+    o, lse = long_reference(reference)
     expect_close(got["o"], o, rtol=0, atol=1e-10,
                  what="O, causal, of 1024 queries against 262,144 keys (their scores, 4 GiB, cannot all be held)")
     expect_close(got["lse"], lse, rtol=1e-12, what="L of 1024 queries against 262,144 keys")
