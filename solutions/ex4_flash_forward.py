@@ -3,13 +3,17 @@
 Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the
 key/value tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator
 acc, divide once at the end into og (O, heads grouped as q's are in qg), and store the row
-logsumexp m_i + log l_i into lse_g. q_i comes scaled (scale * Q_i); tiles.scores(q_i, k_j,
-q_start, k_start) gives the masked score tile (in one buffer that the next call overwrites,
-as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile can see;
-tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1)
-columns (np.max and np.sum with keepdims=True give the same, more slowly).
-flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's
-own.
+logsumexp m_i + log l_i into lse_g. qg, kg, vg are q, k, v viewed by tiles.grouped as (...,
+h_kv, group, n, d): the query heads that share a key/value head sit side by side, so a key
+tile kg[..., cols, :] broadcasts against all of them (grouped-query attention). q_i comes
+scaled (scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile
+(in one buffer that the next call overwrites, as on-chip memory on a GPU);
+tiles.key_tiles(q_start, q_stop) the k_start of each key tile that rows q_start..q_stop-1
+can see (a range in steps of tiles.block_k; causal: up to the last key they see), its
+columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the
+lecture's rowmax and rowsum of a tile, as (rows, 1) columns (np.max and np.sum with
+keepdims=True give the same, more slowly). flash_attention(..., shift='running') runs your
+loop; its default (a fixed shift) runs ag's own.
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python solutions/ex4_flash_forward.py
@@ -67,4 +71,4 @@ if __name__ == "__main__":
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 50, 8)) for _ in range(3))
     out = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, shift='running')
-    print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))
+    print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True), rtol=0, atol=1e-10))  # the grader's tolerance

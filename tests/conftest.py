@@ -57,6 +57,7 @@ def torch_or_skip():
 XDIST_GROUPS = {"test_redteam.py": "machine-wide", "test_redteam_intake.py": "machine-wide",
                 "test_gradescope_chroot.py": "machine-wide", "test_sandbox.py": "machine-wide",
                 "test_redteam_sandbox.py": "machine-wide", "test_redteam_judge.py": "machine-wide",
+                "test_redteam_work.py": "machine-wide",
                 "test_notebooks.py": "jupyter-kernels", "test_notebook_assign.py": "jupyter-kernels",
                 "test_remat_graph.py": "remat-graph"}
 

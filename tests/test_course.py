@@ -1,4 +1,5 @@
 """The course kit: generated exercises, the grader, and the Gradescope bundle."""
+import importlib.util
 import json
 import os
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ag import course
+from ag import course, remat
 
 REPO = Path(__file__).resolve().parent.parent
 GRADED_POINTS = 68
@@ -55,6 +56,41 @@ def test_each_solution_prints_what_its_statement_promises(exercise):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == exercise.expected
+
+
+# (exercise, what the solution says, what a wrong solution says instead): each fails a graded test
+WRONG_SOLUTIONS = {
+    "grad_never_freed": (1, "        node.grad = None\n", "        pass\n"),
+    "grad_overwritten_instead_of_added": (1, "        tensor.grad += grad", "        tensor.grad = grad"),
+    "retain_grad_ignored": (1, "node.is_leaf or node._retains_grad or", "node.is_leaf or"),
+    "value_never_discarded": (2, "        tensor.value = None\n", "        pass\n"),
+    "first_block_returned": (3, "    m = np.maximum(a.m, b.m)\n", "    return a\n"),
+    "float32_accumulator": (4, "acc = np.zeros(q_i.shape, dtype=dtype)", "acc = np.zeros(q_i.shape, dtype=np.float32)"),
+    "float32_probabilities": (5, "p = tiles.exp(s)\n", "p = tiles.exp(s).astype(np.float32)\n"),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_SOLUTIONS))
+def test_each_self_check_is_as_strict_as_the_grader_and_rejects_a_wrong_solution(wrong, tmp_path):
+    number, right, instead = WRONG_SOLUTIONS[wrong]
+    exercise = next(e for e in course.EXERCISES if e.number == number)
+    text = (REPO / "solutions" / exercise.filename).read_text()
+    assert text.count(right) == 1, f"the solution of exercise {number} no longer says {right!r}"
+    (tmp_path / exercise.filename).write_text(text.replace(right, instead))
+    result = subprocess.run([sys.executable, str(tmp_path / exercise.filename)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0 or result.stdout.strip() != exercise.expected, (
+        f"{wrong}: the self-check of exercise {number} prints what it promises for a wrong solution")
+
+
+def test_the_long_chain_optimum_the_graded_test_expects_is_the_dynamic_programs():
+    spec = importlib.util.spec_from_file_location("graded_ex6", REPO / "tests" / "grading" / "test_ex6_checkpoint_plan.py")
+    graded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graded)
+    profile = graded.long_chain()
+    got = [remat.predict(profile, remat.plan(40, "optimal", chain=profile, budget_bytes=b)).recompute_flops
+           for b in graded.LONG_BUDGETS]
+    assert tuple(got) == graded.LONG_OPTIMUM
 
 
 @pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)
@@ -114,7 +150,8 @@ def test_the_autograder_bundle_holds_what_gradescope_runs(tmp_path):
     with zipfile.ZipFile(tmp_path / "autograder.zip") as bundle:
         names = set(bundle.namelist())
         assert {"setup.sh", "run_autograder", "ag-src/pyproject.toml", "ag-src/ag/course/grade.py",
-                "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py"} <= names
+                "tests/grading/conftest.py", "tests/grading/hidden/test_hidden_ex3.py",
+                "tests/grading/references/__init__.py", "tests/grading/hidden/judge_references.py"} <= names
         assert (bundle.getinfo("run_autograder").external_attr >> 16) & 0o111
         assert b"ag grade /autograder/submission" in bundle.read("run_autograder")
 

@@ -21,8 +21,10 @@ from test_course import GRADED_POINTS
 
 from ag import course
 from ag.course import notebook
+from ag.course.checks import code, expect_close, fenced
 from ag.course.assign import BEGIN, FORMATS, cut_solutions
 
+REPO = Path(__file__).resolve().parent.parent
 QUICK = ("ex3_online_softmax", "ex7_dtr_eviction")  # a hidden test; a graph captured in the kernel
 SLOW = tuple(e.module_name for e in course.EXERCISES if e.module_name not in QUICK)
 
@@ -133,6 +135,10 @@ def grade_with_nbgrader(tmp_path: Path, assignments: tuple[str, ...]) -> None:
         for student, path in (("solution", source_nb), ("release", release_nb)):
             (root / "submitted" / student / a).mkdir(parents=True)
             shutil.copy(path, root / "submitted" / student / a / path.name)
+        if a == "ex3_online_softmax":  # a wrong answer: the check's own message, as plain text
+            (root / "submitted" / "wrong" / a).mkdir(parents=True)
+            (root / "submitted" / "wrong" / a / source_nb.name).write_text(
+                source_nb.read_text().replace("    m = np.maximum(a.m, b.m)\\n", "    return a\\n", 1))
     nbgrader(root, "autograde", "*", "--force")
     scores = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
@@ -144,7 +150,21 @@ def grade_with_nbgrader(tmp_path: Path, assignments: tuple[str, ...]) -> None:
             assert scores[a, "solution"] == (points, points), a
             assert scores[a, "release"] == (0, points), a
     check_failures(root, assignments)
+    if "ex3_online_softmax" in assignments:
+        check_wrong_answer(root)
     print("nbgrader scores (score, max):", scores)
+
+
+def check_wrong_answer(root: Path) -> None:
+    """`return a` fails the merge checks with their messages (what, where, expected, got) in plain text."""
+    a = "ex3_online_softmax"
+    failed = [feedback_errors(c) for c in grade_cells(root / "autograded" / "wrong" / a / f"{a}.ipynb")]
+    assert all(failed) and all(e[0]["ename"] == "AssertionError" for e in failed)
+    message = failed[0][0]["evalue"]
+    assert "o, the merged softmax(s) @ v, where a's max is larger (row 0) differs" in message, message
+    assert "at index (0, 0): expected " in message and ", got " in message, message
+    for errors in failed:
+        expect_plain_feedback(errors[0], root)
 
 
 def check_release(source_nb: Path, release_nb: Path) -> None:
@@ -160,13 +180,29 @@ def check_release(source_nb: Path, release_nb: Path) -> None:
     assert BEGIN not in text and "### BEGIN HIDDEN TESTS" not in text
 
 
+def feedback_errors(cell: dict) -> list[dict]:
+    return [o for o in cell["outputs"] if o["output_type"] == "error"]
+
+
+def expect_plain_feedback(error: dict, root: Path) -> None:
+    """A failed graded cell's error reads as plain text and names no path of ag or of the course."""
+    shown = error["evalue"] + "\n".join(error["traceback"])
+    for markdown in ("**", "|---|", "```", "` "):
+        assert markdown not in error["evalue"], (markdown, error["evalue"])
+    for path in (str(REPO), str(root), str(Path(notebook.__file__).parent)):
+        assert path not in shown, (path, shown)
+
+
 def check_failures(root: Path, assignments: tuple[str, ...]) -> None:
-    """The release scored 0 because every graded cell reached a stub, and the source printed what it promises."""
+    """The release scored 0 because every graded cell reached a stub, each said so in plain text, and
+    the source printed what it promises."""
     for a in assignments:
         exercise = next(e for e in course.EXERCISES if e.module_name == a)
         for cell in grade_cells(root / "autograded" / "release" / a / f"{a}.ipynb"):
-            errors = [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
-            assert errors == ["NotImplementedError"], (cell["id"], errors)
+            errors = feedback_errors(cell)
+            assert [e["ename"] for e in errors] == ["AssertionError"], (cell["id"], errors)
+            assert errors[0]["evalue"].startswith("Your code raised NotImplementedError"), errors[0]["evalue"]
+            expect_plain_feedback(errors[0], root)
         check = next(c for c in cells(root / "autograded" / "solution" / a / f"{a}.ipynb") if c["id"] == "check")
         assert "".join("".join(o.get("text", [])) for o in check["outputs"]).strip() == exercise.expected
 
@@ -178,3 +214,25 @@ def test_nbgrader_gives_the_source_full_points_and_the_release_zero(tmp_path):
 @pytest.mark.slow
 def test_nbgrader_grades_the_other_exercises_too(tmp_path):
     grade_with_nbgrader(tmp_path, SLOW)
+
+
+def test_a_failed_check_reads_as_plain_text_and_a_passing_one_gives_none():
+    def wrong(worker):
+        expect_close(np.array([1.0, 2.0]), np.array([1.0, 3.0]), what="the `x` grad")
+
+    assert notebook.failure(lambda worker: None, "worker") is None
+    assert notebook.failure(wrong, "worker") == (
+        "the x grad differs from the reference in 1 of 2 elements (tolerance: atol = 0, rtol = 1e-07).\n\n"
+        "at index (1,): expected 3, got 2")
+    message = "Your code failed here:\n\n" + fenced("a\n```\nb") + "\n**e\\*** " + code("x ` y")
+    assert notebook.plain_text(message) == (
+        "Your code failed here:\n\n    a\n    ```\n    b\ne* x ` y")
+
+
+def test_student_code_that_raises_is_named_with_its_function_and_no_path():
+    def merge_softmax_blocks(a, b):
+        raise ValueError("shapes differ")
+
+    said = notebook.failure(lambda: merge_softmax_blocks(1, 2))
+    assert said.startswith("Your code raised ValueError: shapes differ (in merge_softmax_blocks, line ")
+    assert "/" not in said

@@ -3,14 +3,18 @@ import ast
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from ag import course
+from ag import course, handover, trace
+from ag.attention.shapes import check_shapes
+from ag.attention.tiles import Tiles
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ag"
@@ -95,12 +99,56 @@ def test_the_release_holds_the_exercises_the_public_graded_tests_and_no_hidden_o
     assert "pip install -e ." in readme and "ag grade exercises --tests tests/grading" in readme
 
 
+def test_the_release_carries_the_lecture_notes_and_notebooks_the_statements_cite(release):
+    for folder in ("lectures", "notebooks"):
+        wanted = sorted(p.relative_to(REPO) for p in (REPO / folder).rglob("*") if p.is_file()
+                        and "__pycache__" not in p.parts)
+        assert wanted, f"the repository has no {folder}/"
+        assert sorted(p.relative_to(release) for p in (release / folder).rglob("*") if p.is_file()) == wanted
+        assert all((release / p).read_bytes() == (REPO / p).read_bytes() for p in wanted)
+
+
+def test_student_md_says_how_to_install_check_grade_and_what_to_upload_in_which_layout(release):
+    guide = (release / "STUDENT.md").read_text()
+    for step in ("pip install -e '.[grade]'", "python exercises/ex3_online_softmax.py",
+                 "ag grade exercises --tests tests/grading", "lectures/", "notebooks/"):
+        assert step in guide, f"STUDENT.md does not say {step!r}"
+    assert all(e.filename in guide for e in course.EXERCISES)
+    assert "at the top of the upload" in guide and "one enclosing folder" in guide
+
+
+def test_each_statement_explains_the_names_it_asks_the_student_to_use():
+    ex1, ex4 = (next(e for e in course.EXERCISES if e.number == n).statement for n in (1, 4))
+    assert re.search(r"handover\.can_own\(grad\) allows it \([^)]*nothing else holds", ex1)
+    assert re.search(r"qg, kg, vg are q, k, v viewed by tiles\.grouped as \(\.\.\., h_kv, group, n, d\)", ex4)
+    assert re.search(r"tiles\.key_tiles\(q_start, q_stop\) the k_start of each key tile", ex4)
+
+
+@pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)
+def test_every_name_of_ag_a_statement_cites_exists(exercise):
+    q = np.zeros((1, 2, 4, 8))
+    owners = {"handover": handover, "trace": trace, "tiles": Tiles(check_shapes("tiles", q, q, q), False, 1.0, 2, 2)}
+    for owner, name in re.findall(r"\b(handover|trace|tiles)\.([A-Za-z_]\w*)", exercise.statement):
+        assert hasattr(owners[owner], name), f"exercise {exercise.number} cites {owner}.{name}, which does not exist"
+
+
+# lines of Algorithm 1 that the lecture's pseudocode writes as the solution does
+TAUGHT = {"m_i = m_new"}
+
+
 def test_neither_the_release_nor_its_installed_copy_holds_a_line_of_any_solution(release, installed):
     files = {str(p): p.read_text(errors="replace")
-             for folder in (release, installed) for p in folder.rglob("*") if p.is_file()}
+             for folder in (release, installed) for p in folder.rglob("*") if p.is_file()
+             and p.relative_to(folder).parts[0] != "lectures"}
     assert (installed / "ag" / "_stubbed.py").exists()
     assert (installed / "ag" / "attention" / "kernels" / "flash_fwd.cu").exists()
     assert leaks(files) == (set(), [])
+
+
+def test_the_lecture_notes_in_the_release_hold_no_solution_beyond_the_algorithms_they_teach(release):
+    notes = {str(p): p.read_text() for p in (release / "lectures").rglob("*.md")}
+    lines, regions = leaks(notes)
+    assert regions == [] and lines <= TAUGHT, f"the lecture notes hold solution lines {sorted(lines - TAUGHT)}"
 
 
 def test_the_leak_scan_finds_every_solution_in_a_copy_that_keeps_them():

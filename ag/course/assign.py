@@ -254,15 +254,18 @@ def release(dest: Path | str) -> list[Path]:
     """Write what students receive (nbgrader's release) to ``dest``; return the files written.
 
     exercises/ as ``assign`` writes them, a pip-installable ag in which every exercise's functions
-    are stubs (so no solution travels), and the public graded tests (tests/grading/ without hidden/).
+    are stubs (so no solution travels), the public graded tests (tests/grading/ without hidden/),
+    the lecture notes and notebooks the statements cite, and STUDENT.md: what to do with it all.
     """
     dest = _release_dest(dest)
     _check_source_checkout()
     files = {f"exercises/{e.filename}": render(e, solution=False).encode() for e in EXERCISES}
     files.update(package_files(e.number for e in EXERCISES))
     files.update(_public_tests())
+    files.update(_course_material())
     files["pyproject.toml"] = (REPO / "pyproject.toml").read_bytes()
     files["README.md"] = _release_readme().encode()
+    files["STUDENT.md"] = _student_guide().encode()
     written = []
     for name, data in sorted(files.items()):
         path = dest / name
@@ -297,6 +300,45 @@ def _public_tests() -> dict[str, bytes]:
                 and not any(p == "__pycache__" or p.startswith(".") for p in parts)):
             files[path.relative_to(REPO).as_posix()] = path.read_bytes()
     return files
+
+
+def _course_material() -> dict[str, bytes]:
+    """lectures/ (the notes and their figures) and notebooks/, which the statements cite."""
+    files = {}
+    for folder in ("lectures", "notebooks"):
+        for path in sorted((REPO / folder).rglob("*")):
+            parts = path.relative_to(REPO).parts
+            if path.is_file() and not any(p == "__pycache__" or p.startswith(".") for p in parts):
+                files[path.relative_to(REPO).as_posix()] = path.read_bytes()
+    return files
+
+
+def _student_guide() -> str:
+    """STUDENT.md: install, check yourself, grade yourself, and what to upload in which layout."""
+    names = "\n".join(f"    {e.filename}" for e in EXERCISES)
+    return f"""# Your exercises: what to do
+
+1. **Install** this copy of ag: `pip install -e '.[grade]'`.
+2. **Read** the lecture notes in `lectures/` (the statements cite their tables and formulas) and run
+   the notebooks in `notebooks/` (`pip install -e '.[notebooks]'`, then `jupytext --to ipynb`).
+3. **Write** each exercise in `exercises/`: fill in every `# YOUR CODE HERE`. Its docstring says what
+   to write and which names of ag to use.
+4. **Check yourself**: `python exercises/ex3_online_softmax.py` prints what its docstring promises once
+   the exercise is right (at the grader's own tolerance). Exercises 2, 5 and 7 run on others too: keep
+   your solved files side by side in `exercises/`.
+5. **Grade yourself**: `ag grade exercises --tests tests/grading` runs the public graded tests on your
+   files as the grader does and prints why each failed test failed (`--quiet`: scores only). Hidden
+   tests are added when your upload is graded; they test the same things on other data. Some tests
+   run your code at sizes where only the intended algorithm fits the grader's limits (3 GiB of
+   memory, the timeout).
+6. **Upload** your exercise files, named exactly as given:
+
+{names}
+
+   either at the top of the upload, or all in one enclosing folder (a zipped folder is fine). A
+   notebook (`.ipynb`) whose cells define the functions may stand in for an exercise's `.py` file.
+   Files with other names are not read.
+"""
 
 
 def _release_readme() -> str:

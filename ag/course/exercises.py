@@ -42,16 +42,23 @@ EXERCISES = (
         "A grad buffer costs as much as its value. Allocate it lazily, the first time something "
         "flows into it (accumulate_grad, which every op's _backward(out, saved) calls with a grad "
         "computed from out.grad and the values its forward saved): take the "
-        "incoming array itself where handover.can_own(grad) allows it, else a copy, and tell "
+        "incoming array itself where handover.can_own(grad) allows it (an array that nothing else holds, "
+        "such as a fresh product, may become the grad as it is; a view or out.grad still read later may "
+        "not), else a copy, and tell "
         "tracing with trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its own "
         "backward step (backward_step, which backward runs for each node in turn).",
         (("tensor", "accumulate_grad"), ("tensor", "backward_step")),
         "import numpy as np\n\nfrom ag import handover, trace\nfrom ag.arrays import as_array, unbroadcast\n"
         "from ag.errors import GraphError\nfrom ag.modes import config\nfrom ag.tensor import Tensor, _free_graph, _run_step",
-        "from ag import course, demo\ncourse.install(__name__)\nrun = demo.matmul_chain(4096, 5, eager=False)\n"
+        "import numpy as np\nimport ag\nfrom ag import course, demo\ncourse.install(__name__)\n"
+        "run = demo.matmul_chain(4096, 5, eager=False)\n"
         "print('forward MB:', [s.allocated_mb for s in run.forward])\n"
-        "print('backward MB:', [s.allocated_mb for s in run.backward])",
-        "forward MB: [32, 65, 98, 131, 163]\nbackward MB: [196, 171, 147, 122, 97, 40]",
+        "print('backward MB:', [s.allocated_mb for s in run.backward])\n"
+        "a = ag.Tensor(np.ones(2), requires_grad=True)\nh, kept = a * 3.0, (a * 2.0).retain_grad()\n"
+        "ag.sum(h + h + kept).backward()  # a is used twice, h twice: their grads add up\n"
+        "print('a.grad:', a.grad, '| h.grad after its step:', h.grad, '| retained grad:', kept.grad)",
+        "forward MB: [32, 65, 98, 131, 163]\nbackward MB: [196, 171, 147, 122, 97, 40]\n"
+        "a.grad: [8. 8.] | h.grad after its step: None | retained grad: [1. 1.]",
         needs=()),
     Exercise(
         2, "rematerialize", "Rematerialization in the backward loop",
@@ -80,17 +87,20 @@ EXERCISES = (
         "course.install(__name__)\nrng = np.random.default_rng(0)\ns, v = rng.standard_normal((3, 8)), "
         "rng.standard_normal((8, 2))\nmerged = merge_softmax_blocks(softmax_block(s[:, :3], v[:3]), "
         "softmax_block(s[:, 3:], v[3:]))\np = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)\n"
-        "print('matches softmax(s) @ v:', np.allclose(merged.o, p @ v))",
+        "print('matches softmax(s) @ v:', np.allclose(merged.o, p @ v, rtol=1e-12, atol=0))  # the grader's tolerance",
         "matches softmax(s) @ v: True"),
     Exercise(
         4, "flash_forward", "Tiled attention forward",
         "Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the key/value "
         "tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator acc, divide "
         "once at the end into og (O, heads grouped as q's are in qg), and store the row logsumexp "
-        "m_i + log l_i into lse_g. q_i comes scaled (scale * Q_i); "
+        "m_i + log l_i into lse_g. qg, kg, vg are q, k, v viewed by tiles.grouped as (..., h_kv, group, n, d): "
+        "the query heads that share a key/value head sit side by side, so a key tile kg[..., cols, :] "
+        "broadcasts against all of them (grouped-query attention). q_i comes scaled (scale * Q_i); "
         "tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer that the "
-        "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles the key tiles a query tile "
-        "can see; tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
+        "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles(q_start, q_stop) the k_start "
+        "of each key tile that rows q_start..q_stop-1 can see (a range in steps of tiles.block_k; causal: "
+        "up to the last key they see), its columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
         "columns (np.max and np.sum with keepdims=True give the same, more slowly). "
         "flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's own.",
         (("attention.forward", "tiled_forward"),),
@@ -98,7 +108,8 @@ EXERCISES = (
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
         "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, shift='running')\n"
-        "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True)))",
+        "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True), rtol=0, atol=1e-10))  "
+        "# the grader's tolerance",
         "equals naive: True",
         needs=(),
         withheld=(("attention.forward", "fixed_shift_forward", "return tiled_forward(tiles, q, k, v, out=out)"),)),
@@ -118,7 +129,8 @@ EXERCISES = (
         "grads = []\nfor attention in (naive_attention, partial(flash_attention, shift='running')):\n"
         "    ts = [ag.Tensor(a, requires_grad=True) for a in arrays]\n"
         "    ag.sum(attention(*ts, causal=True)).backward()\n    grads.append([t.grad for t in ts])\n"
-        "print('gradients equal naive:', all(np.allclose(a, b) for a, b in zip(*grads)))",
+        "print('gradients equal naive:', all(np.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(*grads)))  "
+        "# the grader's tolerance",
         "gradients equal naive: True",
         needs=(1, 4),  # the engine's backward (1) through flash_attention's forward (4)
         withheld=(("attention.backward", "base2_backward",

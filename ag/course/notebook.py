@@ -19,15 +19,21 @@ import ast
 import hashlib
 import json
 import re
+import site
+import sys
+import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .exercises import EXERCISES, REPO, Exercise, exercise_of
+from .exercises import EXERCISES, PACKAGE, REPO, Exercise, exercise_of
 
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
+REFERENCES = {"references": Path("references") / "__init__.py",  # public (under GRADING)
+              "zero_pages": Path("zero_pages.py"),  # public ops the memory probes build chains of
+              "judge_references": Path("hidden") / "judge_references.py"}  # the hidden tests' only
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 FIXTURES = ("worker",)  # the only fixture the graded tests may ask for: the notebook provides it
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -62,6 +68,63 @@ def worker(namespace: dict, exercise: str) -> Callable:
         args, kwargs = channel.decode(channel.encode([list(args), kwargs]))
         return channel.decode(channel.encode(probe(module, *args, **kwargs)))
     return run
+
+
+def failure(test: Callable, *args) -> str | None:
+    """Run a graded test's check in the kernel: None if it passes, else what failed, as plain text.
+
+    The test cell asserts on the result itself (``assert failure is None, failure``), so nbgrader's
+    feedback shows the check's message under the cell's own lines: no traceback through ag's files
+    (the instructor's paths), no Markdown (a notebook's error output is not rendered)."""
+    try:
+        test(*args)
+    except AssertionError as error:
+        return plain_text(str(error) or "the check failed")
+    except Exception as error:  # noqa: BLE001 -- the student's code failed: say how, and where in it
+        return f"Your code raised {type(error).__name__}: {error}{_where(error)}"
+    return None
+
+
+def _where(error: BaseException) -> str:
+    """Where in the notebook's own code ``error`` arose: the innermost frame outside Python and ag."""
+    outside = [Path(p).resolve() for p in (PACKAGE, sys.prefix, sys.base_prefix, *site.getsitepackages())]
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if not any(path.is_relative_to(o) for o in outside):
+            return f" (in {frame.name}, line {frame.lineno} of its cell)"
+    return ""
+
+
+def plain_text(markdown: str) -> str:
+    """A check's Markdown message as plain text: code fences become indented lines, a table one line
+    per row ("at index (0, 0): expected 1, got 2"), code spans and bold marks go."""
+    out, fence, header = [], None, None
+    for line in markdown.split("\n"):
+        opened = re.match(r"^(`{3,})", line)
+        if fence is not None:
+            if line.startswith(fence) and not line.strip("`"):
+                fence = None
+            else:
+                out.append("    " + line)
+        elif opened:
+            fence = opened.group(1)
+        elif line.startswith("|") and line.endswith("|"):
+            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not all(set(c) <= set("-: ") for c in cells):
+                first, *rest = zip(header, cells)
+                out.append(f"{first[0]} {first[1]}: " + ", ".join(f"{h} {c}" for h, c in rest))
+        else:
+            header = None
+            out.append(_inline(line))
+    return "\n".join(out).strip()
+
+
+def _inline(text: str) -> str:
+    """``text`` without Markdown's inline marks: code spans keep their content, bold and escapes go."""
+    text = re.sub(r"(`+) ?(.*?) ?\1", lambda m: m.group(2), text)
+    return re.sub(r"\\([\\`*_{}\[\]()#+\-.!|])", r"\1", text.replace("**", ""))
 
 
 class Cell(NamedTuple):
@@ -205,7 +268,7 @@ def _self_check(exercise: Exercise) -> str:
 
 class _Module(NamedTuple):
     imports: list[str]
-    references: list[str]  # names it imports from references.py
+    references: dict[str, list[str]]  # names it imports from each of REFERENCES
     definitions: list[str]  # everything else but the tests: probes, helpers, constants
     tests: list[ast.FunctionDef]
     lines: list[str]
@@ -220,14 +283,15 @@ def graded_tests(exercise: Exercise, grading: Path = GRADING) -> tuple[str, list
                                 f"found {len(public)}")
     hidden = [p for p in sorted((grading / "hidden").glob("test_*.py")) if exercise_of(p) is exercise]
     module = _read(public[0], public[0].stem)
-    references = _references(grading / "references.py", module.references)
+    references = _all_references(grading, module.references)
     setup = "\n".join(_unique(module.imports + references.imports + ["from ag.course import notebook"])) + "\n\n\n"
     setup += "\n\n\n".join(references.definitions + module.definitions)
     setup += f'\n\n\nworker = notebook.worker(globals(), "{exercise.module_name}")'
     tests = _tests(module, public[0], hidden=False)
     for path in hidden:
         extra = _read(path, public[0].stem)
-        found = _references(grading / "references.py", [r for r in extra.references if r not in module.references])
+        found = _all_references(grading, {m: [r for r in names if r not in module.references.get(m, [])]
+                                          for m, names in extra.references.items()})
         preamble = "\n".join(_unique([i for i in extra.imports + found.imports if i not in module.imports]))
         preamble = "\n\n\n".join(filter(None, [preamble] + found.definitions + extra.definitions))
         tests += _tests(extra, path, hidden=True, preamble=preamble)
@@ -239,11 +303,11 @@ def _read(path: Path, public: str) -> _Module:
     (``public``, which the notebook has run already) are left out of its imports."""
     text = path.read_text()
     tree, lines = ast.parse(text), text.split("\n")
-    module = _Module([], [], [], [], lines)
+    module = _Module([], {}, [], [], lines)
     for node in tree.body:
         segment = "\n".join(lines[node.lineno - 1:node.end_lineno])
-        if isinstance(node, ast.ImportFrom) and node.module == "references":
-            module.references.extend(a.name for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module in REFERENCES:
+            module.references.setdefault(node.module, []).extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module == public:
             continue
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -270,8 +334,14 @@ class _References(NamedTuple):
     definitions: list[str]
 
 
+def _all_references(grading: Path, names: dict[str, list[str]]) -> _References:
+    """The functions each of REFERENCES gives for ``names`` ({module: names}), with their imports."""
+    found = [_references(grading / REFERENCES[module], wanted) for module, wanted in names.items()]
+    return _References([i for f in found for i in f.imports], [d for f in found for d in f.definitions])
+
+
 def _references(path: Path, names: list[str]) -> _References:
-    """The functions ``names`` of references.py and those they call, in the file's order, with its imports."""
+    """The functions ``names`` of a references file and those they call, in the file's order, with its imports."""
     if not names:
         return _References([], [])
     text = path.read_text()
@@ -309,7 +379,8 @@ def _tests(module: _Module, path: Path, *, hidden: bool, preamble: str = "") -> 
                              f"only {', '.join(FIXTURES)}")
         for index, values in enumerate(parameters[1] if parameters else [()]):
             given = dict(zip(parameters[0], values)) if parameters else {}
-            call = f"{node.name}({', '.join(n if n in FIXTURES else repr(given[n]) for n in names)})"
+            arguments = "".join(f", {n if n in FIXTURES else repr(given[n])}" for n in names)
+            call = f"failure = notebook.failure({node.name}{arguments})\nassert failure is None, failure"
             body = f"{definition}\n\n\n{call}" if index == 0 else call
             suffix = "-".join(re.sub(r"[^A-Za-z0-9_]", "_", str(v)) for v in values)
             grade_id = f"{node.name}-{suffix}" if suffix else node.name

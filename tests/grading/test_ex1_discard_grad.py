@@ -1,6 +1,11 @@
-"""Exercise 1: lazy grads and discarding them in backward."""
+"""Exercise 1: lazy grads and discarding them in backward.
+
+What the lecture's table shows, grads freed as backward goes, is also measured where student code
+cannot fake it: a chain whose grads together need more address space than the worker's 3 GiB
+(``sandbox.ADDRESS_SPACE``) runs only if each non-leaf grad is freed after its step."""
 import numpy as np
 import pytest
+from zero_pages import scale_head, weighted_head
 
 from ag.course import probe
 from ag.course.checks import expect_close, expect_equal, expect_true
@@ -36,6 +41,23 @@ def lecture_chain(ex):
     from ag import demo
     run = demo.matmul_chain(4096, 5, eager=False)
     return [s.allocated_mb for s in run.backward]
+
+
+HELD_LAYERS, GRAD_MIB = 14, 256  # 14 grads of 256 MiB: 3.5 GiB if kept, under 1 GiB if freed
+
+
+@probe
+def held_chain(ex, scales, w):
+    """Runs in the worker: backward through h_i = scales[i] · h_(i-1) (on the first 4 of GRAD_MIB MiB),
+    every h_i held by the caller as a user's list would; x's grad on the first 4, and which h_i
+    kept a grad."""
+    import ag
+    x = ag.Tensor(np.zeros(GRAD_MIB * 2**20 // 8), requires_grad=True)
+    hs = [x]
+    for c in scales:
+        hs.append(scale_head(hs[-1], c))
+    weighted_head(hs[-1], w).backward()
+    return {"x": x.grad[:4].copy(), "kept": [h.grad is not None for h in hs[1:]]}
 
 
 @probe
@@ -78,9 +100,15 @@ def test_backward_frees_the_grad_of_every_non_leaf_and_keeps_the_leaves(worker):
 
 
 @pytest.mark.points(3)
-def test_backward_memory_matches_the_lecture_table(worker):
+def test_backward_memory_matches_the_lecture_table_and_frees_each_grad_under_a_memory_limit(worker):
     expect_equal(worker(lecture_chain), [196, 171, 147, 122, 97, 40],
                  what="MB allocated after each backward step (the lecture's table)")
+    scales, w = [0.5 + 0.1 * i for i in range(HELD_LAYERS)], np.array([1.0, -2.0, 0.5, 3.0])
+    got = worker(held_chain, scales, w)
+    expect_close(got["x"], np.prod(scales) * w, rtol=1e-12,
+                 what=f"x's grad through {HELD_LAYERS} held layers whose grads ({GRAD_MIB} MiB each) fit the "
+                      "worker's 3 GiB only if each is freed after its step")
+    expect_equal(got["kept"], [False] * HELD_LAYERS, what="which held non-leaf tensors kept a grad after backward")
 
 
 @pytest.mark.points(2)

@@ -1,12 +1,29 @@
-"""References the checks compare against, in plain NumPy: they need no exercise solved, so the
-judge computes them the same way from the instructor's ag and from the students' release."""
+"""References the public checks compare against, in plain NumPy: they need no exercise solved, so
+the judge computes them the same way from the instructor's ag and from the students' release.
+
+A folder, not a file beside the tests: the worker gets the graded tests' top-level files only, so
+student code can never import these. Each gives no path to an answer: the naive attention cannot
+hold the score matrix of the large runs every flash test makes, and what would solve an exercise
+outright (e*(t), the optimal plan) is not here; the hidden tests' references live in hidden/.
+"""
 import numpy as np
 
 
 def softmax_v(s, v):
-    """softmax(s, axis=-1) @ v, shifted by the row max so huge logits stay finite."""
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    return (p / p.sum(axis=-1, keepdims=True)) @ v
+    """softmax(s, axis=-1) @ v, shifted by the row max so huge logits stay finite; a row of s
+    that is -inf throughout (it sees nothing) gives 0."""
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    total = p.sum(axis=-1, keepdims=True)
+    return np.divide(p @ v, total, out=np.zeros(s.shape[:-1] + v.shape[-1:]), where=total > 0)
+
+
+def logsumexp(s):
+    """log Σ_j exp(s_ij) per row (-inf for a row that sees nothing)."""
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide="ignore"):
+        return (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))[..., 0]
 
 
 def qkv(n_q, n_k, h, h_kv, d=8, seed=0):
@@ -67,21 +84,6 @@ def tanh_chain_grads(x, weights):
         grads.append(hs[i].T @ g)
         g = g @ weights[i].T
     return grads[::-1]
-
-
-def reachable_through_evicted(deps, i, evicted):
-    """DTR's e*(i): breadth-first from node i over the edges of ``deps`` taken both ways (an input,
-    a user), stepping only onto evicted nodes; i itself is never in it."""
-    neighbours = [set(d) for d in deps]
-    for k, d in enumerate(deps):
-        for j in d:
-            neighbours[j].add(k)
-    allowed = set(evicted) - {i}
-    found, frontier = set(), {i}
-    while frontier:
-        frontier = {m for k in frontier for m in neighbours[k] if m in allowed} - found
-        found |= frontier
-    return found
 
 
 def dtr_scores(table):
