@@ -12,6 +12,8 @@ attack is asserted on its own.
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import secrets
@@ -54,6 +56,7 @@ class Graded:
     token: str = field(repr=False)  # the TA's secret in the grader's environment
     # what the linked targets hold, that must appear nowhere; never printed (/etc/shadow's hashes)
     markers: dict[str, str] = field(default_factory=dict, repr=False)
+    reports: dict = field(default_factory=dict, repr=False)  # a class: student -> Report
 
     def exercise_scores(self, student: str = "") -> dict[int, tuple[float, float, set[str]]]:
         """Exercise number -> (score, max score, statuses) in the student's results."""
@@ -238,11 +241,14 @@ def classmates(tmp_path_factory) -> Graded:
         tempfile.tempdir = None
     outputs = {"gradebook": (root / "book.csv").read_text()}
     results = {}
-    for student in reports:
-        outputs[f"{student}.json"] = (root / "results" / f"{student}.json").read_text()
-        results[student] = json.loads(outputs[f"{student}.json"])
+    for student, report in reports.items():
+        if report.graded:  # a student not graded gets no results file
+            outputs[f"{student}.json"] = (root / "results" / f"{student}.json").read_text()
+            results[student] = json.loads(outputs[f"{student}.json"])
+    graded_reports = reports
     graded = Graded(0, outputs, results, time.perf_counter() - started, root / "tmp", token)
     graded.markers = {"alice's marker": marker, **shadow_lines()}
+    graded.reports = graded_reports
     return graded
 
 
@@ -267,8 +273,10 @@ def test_a_symlinked_enclosing_folder_gives_nothing(classmates):
 
 
 def test_a_student_folder_that_is_a_link_is_not_graded_and_says_why(classmates):
-    assert classmates.results["zed"]["score"] == 0
-    assert "zed is a link, not a student's folder" in classmates.outputs["gradebook"]
+    assert not classmates.reports["zed"].graded and "zed" not in classmates.results
+    (row,) = [r for r in csv.reader(io.StringIO(classmates.outputs["gradebook"])) if r[0] == "zed"]
+    assert row[1:len(EX) + 2] == [""] * (len(EX) + 1)  # no points, not 0 points
+    assert "not graded: NotADirectoryError: zed is a link, not a student's folder" in row[-1]
 
 
 def test_no_classmate_marker_reaches_the_gradebook_or_results(classmates):
