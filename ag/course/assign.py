@@ -7,74 +7,18 @@ The parts students write are marked in the library with ``### BEGIN SOLUTION`` /
 """
 from __future__ import annotations
 
-import ast
 import functools
-import importlib
 import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from .exercises import EXERCISES, PACKAGE, REPO, Exercise
+from .notebook import notebook_files
+from .regions import (BEGIN, END, STUB, STUBBED_MODULE, cut, cut_solutions, function_source, marked_regions,
+                      stubbed, top_level_spans)
 
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
-STUBBED_MODULE = "_stubbed"  # ag/_stubbed.py, written only into generated copies of ag
 FORMATS = ("py", "notebook")  # exercises/ and solutions/; nbgrader's source notebooks as well
-
-
-def function_source(module: str, name: str) -> str:
-    """The source of ``ag.<module>.<name>``, read from the file (decorators included)."""
-    text = (PACKAGE / f"{module.replace('.', '/')}.py").read_text()  # "remat.plans" is ag/remat/plans.py
-    lines = text.splitlines()
-    for found, start, last in _top_level_spans(text):
-        if found == name:
-            stop = last + 1
-            while stop < len(lines) and lines[stop].strip() == END:  # a region closing the function
-                stop += 1
-            return "\n".join(lines[start:stop]) + "\n"
-    raise LookupError(f"assign: no function {name!r} in ag/{module}.py")
-
-
-def cut_solutions(source: str, *, keep: bool) -> str:
-    """Drop the markers; with ``keep=False`` also replace each marked region by the stub."""
-    lines = source.splitlines()
-    regions = _regions(lines)
-    return "\n".join(_cut(lines, regions, [None if keep else STUB] * len(regions))) + "\n"
-
-
-def _regions(lines: list[str]) -> list[tuple[int, int]]:
-    """The (BEGIN, END) line indexes of every marked region, checking that the markers pair up."""
-    regions, begin = [], None
-    for index, line in enumerate(lines):
-        stripped = line.strip()
-        if stripped == BEGIN:
-            if begin is not None:
-                raise ValueError(f"line {index + 1}: {BEGIN} inside another solution region")
-            begin = index
-        elif stripped == END:
-            if begin is None:
-                raise ValueError(f"line {index + 1}: {END} without {BEGIN}")
-            regions.append((begin, index))
-            begin = None
-    if begin is not None:
-        raise ValueError(f"line {begin + 1}: {BEGIN} is never closed")
-    return regions
-
-
-def _cut(lines: list[str], regions: list[tuple[int, int]], stubs: list[tuple[str, ...] | None]) -> list[str]:
-    """The lines without markers; each region with lines in ``stubs`` becomes them, at its indent."""
-    out, previous = [], 0
-    for (begin, end), stub in zip(regions, stubs):
-        out.extend(lines[previous:begin])
-        if stub:
-            indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-            out.extend(indent + s for s in stub)
-        else:
-            out.extend(lines[begin + 1:end])
-        previous = end + 1
-    out.extend(lines[previous:])
-    return out
 
 
 def render(exercise: Exercise, *, solution: bool) -> str:
@@ -124,7 +68,6 @@ def assign(root: Path | str | None = None, *, check: bool = False, formats: Sequ
         files = {root / folder / e.filename: render(e, solution=solution)
                  for folder, solution in (("exercises", False), ("solutions", True)) for e in EXERCISES}
     if "notebook" in formats:
-        from .notebook import notebook_files
         files.update(notebook_files(root))
     stale = []
     for path, text in files.items():
@@ -135,18 +78,6 @@ def assign(root: Path | str | None = None, *, check: bool = False, formats: Sequ
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     return stale
-
-
-def stubbed() -> frozenset[int]:
-    """The exercises whose functions are stubs in the imported ag: none in the source, all in the release."""
-    name = f"{__name__.partition('.')[0]}.{STUBBED_MODULE}"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        return frozenset()
-    return frozenset(module.STUBBED)
 
 
 def package_files(stub: Iterable[int]) -> dict[str, bytes]:
@@ -167,7 +98,7 @@ def package_files(stub: Iterable[int]) -> dict[str, bytes]:
         if source.regions:
             spans = [r[:2] for r in source.regions]
             stubs = [r.stub if r.exercise in stub else None for r in source.regions]
-            data = ("\n".join(_cut(source.lines, spans, stubs)) + "\n").encode()
+            data = ("\n".join(cut(source.lines, spans, stubs)) + "\n").encode()
         files[source.name] = data
     numbers = "{" + ", ".join(map(str, sorted(stub))) + "}" if stub else ""
     files[f"{PACKAGE.name}/{STUBBED_MODULE}.py"] = (
@@ -217,21 +148,14 @@ def _owned_regions(name: str, lines: Sequence[str]) -> tuple[_Region, ...]:
     if not any(line.strip() in (BEGIN, END) for line in lines):
         return ()
     try:
-        regions = _regions(list(lines))
+        regions = marked_regions(list(lines))
     except ValueError as error:
         raise ValueError(f"{name}, {error}") from None
-    spans = _top_level_spans("\n".join(lines))
+    spans = top_level_spans("\n".join(lines))
     module = ".".join(Path(name).with_suffix("").parts[1:])
     owners = {f: (e.number, STUB) for e in EXERCISES for m, f in e.functions if m == module}
     owners.update({f: (e.number, (stand_in,)) for e in EXERCISES for m, f, stand_in in e.withheld if m == module})
     return tuple(_Region(begin, end, *_owner(name, begin, end, spans, owners)) for begin, end in regions)
-
-
-def _top_level_spans(text: str) -> list[tuple[str, int, int]]:
-    """(name, first line index, last line index) of each top-level def and class, decorators included."""
-    return [(node.name, min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1, node.end_lineno - 1)
-            for node in ast.parse(text).body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
 def _owner(name: str, begin: int, end: int, spans: list[tuple[str, int, int]],

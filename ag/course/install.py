@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .assign import stubbed
+from .regions import stubbed
 from .exercises import EXERCISES, Exercise
 
 

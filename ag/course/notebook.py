@@ -27,7 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from . import channel
 from .exercises import EXERCISES, PACKAGE, REPO, Exercise, exercise_of
+from .install import install as install_module
+from .regions import BEGIN, function_source
 
 NOTEBOOKS = Path("nbgrader") / "source"  # under the repository: nbgrader's course directory
 GRADING = REPO / "tests" / "grading"
@@ -42,7 +45,6 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 def install(namespace: dict, exercise: str) -> types.ModuleType:
     """Put the notebook's functions for ``exercise`` ("ex3_online_softmax") into ag, as
     ``course.install`` does for an exercise file; return them as that exercise's module."""
-    from .install import install as install_module
     found = next((e for e in EXERCISES if e.module_name == exercise), None)
     if found is None:
         raise LookupError(f"notebook.install: no exercise {exercise!r}; the exercises are "
@@ -61,7 +63,6 @@ def worker(namespace: dict, exercise: str) -> Callable:
     """The graded tests' ``worker`` fixture in a notebook: ``worker(probe, *args)`` runs the probe
     on the notebook's functions (installed into ag first) with the data round-tripped through the
     judge's channel, so arguments are copies and results plain data, as under ``ag grade``."""
-    from . import channel
     module = install(namespace, exercise)
 
     def run(probe, *args, **kwargs):
@@ -193,7 +194,6 @@ def _cell_id(name: str) -> str:
 
 
 def _cells(exercise: Exercise) -> list[Cell]:
-    from .assign import BEGIN, function_source
     setup, tests = graded_tests(exercise)
     shadowed = _defined(setup) & {f for _, f in exercise.functions}
     if shadowed:

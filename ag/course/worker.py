@@ -16,6 +16,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import channel
+from .exercises import EXERCISES
+from .install import install, load_submission
+
 CLIP = 300
 
 
@@ -27,7 +31,6 @@ def probe(function):
 
 
 def main(fd: int, options: dict) -> None:
-    from . import channel
     sock = socket.socket(fileno=fd)
     try:
         student = _load(options)
@@ -49,7 +52,6 @@ def main(fd: int, options: dict) -> None:
 
 
 def _load(options: dict):
-    from . import EXERCISES, install, load_submission
     exercise = next(e for e in EXERCISES if e.number == options["exercise"])
     module = load_submission(options["submission"], exercise)
     install(module)
