@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .dtr import _GraphDTR
+from .dtr import GraphDTR
 from .graph import Graph
 from .keep import chain_schedule, complete, nemo
 from .model import Memory, ScheduleError, prune
@@ -176,7 +176,7 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
     best = cheapest_within(found, budget)
     if best is None:
         return None
-    best = _with_bound(Schedule(graph, best.R, best.S, planner, budget, "feasible", solve_seconds=seconds), bound)
+    best = with_bound(Schedule(graph, best.R, best.S, planner, budget, "feasible", solve_seconds=seconds), bound)
     if best.gap == 0:
         best.status = "optimal"  # the bound proves it, though the solver did not finish
     return best
@@ -244,7 +244,7 @@ def dtr_schedule(graph: Graph, budget: int, heuristic: str = "dtr_eq") -> Schedu
     """DTR's run-time evictions at ``budget``, replayed without computing, as a schedule (a value
     evicted and recomputed within one stage is kept instead: a stage computes a node once)."""
     recording = _Recording(graph)
-    _GraphDTR(graph, budget, heuristic, recording).run()
+    GraphDTR(graph, budget, heuristic, recording).run()
     R = recording.R & ~recording.S
     try:
         return Schedule(graph, *prune(graph, R, _used_later(graph, R, recording.S)), "dtr")
@@ -252,7 +252,7 @@ def dtr_schedule(graph: Graph, budget: int, heuristic: str = "dtr_eq") -> Schedu
         raise ValueError(f"dtr_schedule: DTR's run is no schedule: {error}") from None
 
 
-def _with_bound(schedule: Schedule, bound: float | None) -> Schedule:
+def with_bound(schedule: Schedule, bound: float | None) -> Schedule:
     """Attach the best lower bound on recompute known (none: the trivial 0) and the gap to it."""
     spent = schedule.recompute_flops
     schedule.lower_bound = min(bound or 0.0, spent)
@@ -281,7 +281,7 @@ class _Program:
         self.graph, self.budget, self.deadline = graph, budget, deadline
         T, n = graph.stages, graph.n
         self.T, self.n = T, n
-        self.need_until = _need_until(graph)
+        self.need_until = need_until(graph)
         self.backward_stage: list[int | None] = [None] * n
         for j, step in enumerate(graph.steps):
             self.backward_stage[step.node] = n + j
@@ -437,7 +437,7 @@ class _Program:
         return S
 
 
-def _need_until(graph: Graph) -> list[int]:
+def need_until(graph: Graph) -> list[int]:
     """The last stage in which each node can be needed: by a forward user, or to (re)compute
     something a backward step reads."""
     n = graph.n
@@ -471,7 +471,7 @@ def _round(graph: Graph, program: _Program, x: np.ndarray, objective: float, bud
         raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
                          "use the MILP (relax=False) or a larger budget")
     best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", seconds
-    return _with_bound(best, lp_bound)
+    return with_bound(best, lp_bound)
 
 
 def _used_later(graph: Graph, R: np.ndarray, S: np.ndarray) -> np.ndarray:

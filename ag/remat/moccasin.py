@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from .checkmate import OutOfTime, _need_until, _with_bound, check_deadline, lower_bound_bytes, warm_starts
+from .checkmate import OutOfTime, need_until, with_bound, check_deadline, lower_bound_bytes, warm_starts
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
@@ -103,7 +103,7 @@ def _checked(graph: Graph, budget_bytes: int, intervals: int, time_limit: float)
 
 def intervals_that_suffice(graph: Graph) -> int:
     """The C with which Moccasin's optimum is Checkmate's: the most stages that may compute one node."""
-    until = _need_until(graph)
+    until = need_until(graph)
     return max(until[v] - v + 1 for v in range(graph.n))
 
 
@@ -116,7 +116,7 @@ def _reported(graph: Graph, best: Schedule, budget: int, seconds: float, interva
     schedule.intervals = intervals
     schedule.interval_bound = float(schedule.recompute_flops) if proved else interval_bound
     schedule.proved_within_intervals = proved
-    _with_bound(schedule, schedule.interval_bound if suffices else None)
+    with_bound(schedule, schedule.interval_bound if suffices else None)
     if schedule.gap == 0:
         schedule.status = "optimal"
     return schedule
@@ -131,7 +131,7 @@ class _Program:
         self.width = self.n + 2
         self.horizon = self.T * self.width
         self.model = cp_model.CpModel()
-        until = _need_until(graph)
+        until = need_until(graph)
         self.C = [min(intervals, until[v] - v + 1) for v in range(self.n)]
         self.a, self.stage, self.e, self.covers = [], [], [], {}
         for v in range(self.n):
