@@ -103,6 +103,15 @@ def test_one_interval_means_no_recomputation(small):
     assert stuck.predicted_peak_bytes <= tight and stuck.recompute_flops > 0
 
 
+def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_intervals_that_suffice(small):
+    graph = small["transformer"][0]
+    budget = remat.lower_bound_bytes(graph)
+    assert not warm_starts(graph, budget)  # no heuristic reaches the lower bound here
+    with pytest.raises(ValueError, match=f"no schedule computing each node at most 1 time.*raise intervals "
+                                         f"\\({intervals_that_suffice(graph)} hold every schedule\\)"):
+        remat.moccasin(graph, budget, intervals=1)
+
+
 def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
     graph = small["residual MLP"][0]
     assert intervals_that_suffice(graph) == graph.stages - 1  # node 0 is read by the last backward step

@@ -60,14 +60,20 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     budget = _checked(graph, budget_bytes, intervals, time_limit)
     deadline = start + time_limit
     warm = warm_starts(graph, budget, deadline)
+    infeasible = False
     try:
         program = _Program(graph, budget, intervals, cp_model, deadline)
         program.hint(warm)
         found, interval_bound, proved = program.solve(deadline)
+        infeasible = program.infeasible
     except OutOfTime:
         found, interval_bound, proved = None, None, False
     seconds = time.perf_counter() - start
     best = cheapest_within([found, *warm], budget)
+    if best is None and infeasible:
+        raise ValueError(f"moccasin: CP-SAT proved that no schedule computing each node at most {intervals} "
+                         f"time(s) fits {budget:,} bytes, and no warm start fits; raise intervals "
+                         f"({intervals_that_suffice(graph)} hold every schedule) or the budget")
     if best is None:
         raise TimeoutError(f"moccasin: the time limit of {time_limit} s ended before CP-SAT found any schedule "
                            f"for {graph.n} nodes at {budget:,} bytes, and no warm start fits; raise time_limit")
@@ -134,6 +140,7 @@ class _Program:
         until = need_until(graph)
         self.C = [min(intervals, until[v] - v + 1) for v in range(self.n)]
         self.a, self.stage, self.e, self.covers = [], [], [], {}
+        self.infeasible = False
         for v in range(self.n):
             check_deadline(deadline)
             self._intervals(v, until[v])
@@ -283,7 +290,8 @@ class _Program:
         solver = self.cp.CpSolver()
         solver.parameters.max_time_in_seconds = remaining
         status = solver.solve(self.model)
-        if status == self.cp.INFEASIBLE:
+        self.infeasible = status == self.cp.INFEASIBLE
+        if self.infeasible:
             return None, None, False
         bound = max(0.0, float(solver.best_objective_bound)) if status != self.cp.UNKNOWN else None
         if status not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
