@@ -114,7 +114,9 @@ def _c_opt(found) -> str:
     """"yes" when CP-SAT proved its schedule optimal among C-interval ones, else who made it."""
     if found is None:
         return "-"
-    return "yes" if found.proved_within_intervals else found.found_by.replace("warm start", "no: warm")
+    if found.proved_within_intervals:
+        return "yes"
+    return "no" if found.found_by == "CP-SAT" else found.found_by.replace("warm start", "no: warm")
 
 
 def _solver_goals(proved: dict, time_limit: float) -> list[str]:
