@@ -85,7 +85,7 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
         program = _Program(graph, budget, deadline)
         c, integrality, lb, ub, A, lo, hi = program.build(sparse)
     except OutOfTime:
-        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, None, "building the MILP")
+        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, None, "while building the MILP")
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
     # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
@@ -110,7 +110,7 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     remaining = deadline - time.perf_counter()
     if remaining < 0.01:
         return _stopped(graph, [rounded, *warm], budget, time_limit, time.perf_counter() - start, bound,
-                        "solving the LP relaxation")
+                        "while solving the LP relaxation")
     result = _highs(milp, deadline, c, integrality=integrality, **problem,
                     options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
     seconds = time.perf_counter() - start
@@ -127,7 +127,7 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
         if schedule.status == "optimal":
             schedule.gap, schedule.lower_bound = 0.0, float(schedule.recompute_flops)
             return schedule
-    return _stopped(graph, [schedule, rounded, *warm], budget, time_limit, seconds, bound, "HiGHS found any schedule")
+    return _stopped(graph, [schedule, rounded, *warm], budget, time_limit, seconds, bound, "before HiGHS found any schedule")
 
 
 def _highs(milp, deadline: float, *args, **kwargs):
@@ -163,20 +163,20 @@ def _stopped(graph: Graph, found: list, budget: int, time_limit: float, seconds:
     """The time limit ended the solve: the best schedule known, or a clear error when none fits."""
     best = _best_known(graph, found, budget, seconds, bound)
     if best is None:
-        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before {doing} for {graph.n} "
+        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended {doing} for {graph.n} "
                            f"nodes at {budget:,} bytes, and neither LP rounding nor a warm start fits; "
                            "raise time_limit")
     return best
 
 
 def _best_known(graph: Graph, found: list, budget: int, seconds: float,
-                bound: float | None, planner: str = "checkmate") -> Schedule | None:
+                bound: float | None) -> Schedule | None:
     """Stopped by the time limit: the best of what the solver found and the warm starts that fit
     (the incumbents it started from), with the gap to the best bound."""
     best = cheapest_within(found, budget)
     if best is None:
         return None
-    best = with_bound(Schedule(graph, best.R, best.S, planner, budget, "feasible", solve_seconds=seconds), bound)
+    best = with_bound(Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds), bound)
     if best.gap == 0:
         best.status = "optimal"  # the bound proves it, though the solver did not finish
     return best
