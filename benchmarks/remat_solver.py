@@ -1,8 +1,20 @@
-"""Rematerialization on graphs: how far HiGHS gets with Checkmate's MILP, and what each schedule
-costs on a 2-layer transformer next to PyTorch's own checkpointing.
+"""Rematerialization on graphs: how far HiGHS gets with Checkmate's MILP, how far CP-SAT gets with
+Moccasin's intervals beside it, and what each schedule costs on a 2-layer transformer next to
+PyTorch's own checkpointing.
 
-    python benchmarks/remat_solver.py            # 20 to 200 nodes, 60 s per solve: about 12 min
+    python benchmarks/remat_solver.py            # parts 1 and 2: 20 to 200 nodes, 60 s per solve: about 12 min
     python benchmarks/remat_solver.py --quick    # 20 and 50 nodes, 10 s per solve: about 2 min
+    python benchmarks/remat_solver.py --part 3   # both solvers on every graph: hours on 2 cores
+    python benchmarks/remat_solver.py --part 3 --graphs mlp100 transformer4   # a few rows
+
+Part 3, the two solvers side by side. Graphs: residual MLPs of 20 to 500 nodes (batch 64,
+width 64), the U-Net, and transformers of 1, 2, 4 and 8 layers (``examples.transformer``'s
+defaults); for each, 5 budgets evenly from ``lower_bound_bytes`` to the no-remat peak. Per
+solver: the seconds it took (to a proof, or to its limit: 60 s, 300 s for 8 layers), its
+recompute, and the gap to the best lower bound either solver proved (0: proved optimal).
+Moccasin runs with 2 intervals; its "C-opt" says CP-SAT proved the optimum among schedules
+computing no node more than twice. Goals: 100-node graphs proved optimal within 60 s at every
+budget; a 4-layer transformer within 60 s; an 8-layer one within 300 s with a gap <= 5%.
 
 Part 1, the solver. Residual MLPs of 6 to 66 blocks (20 to 200 nodes, 3 per block and a loss),
 each at the budget a fifth of the way from ``lower_bound_bytes`` to the no-recompute peak. For each:
@@ -48,6 +60,81 @@ from ag.remat import examples  # noqa: E402
 from ag.remat.checkmate import _Program  # noqa: E402
 
 MB = 10**6
+
+GRAPHS = {f"mlp{3 * b + 2}": (lambda b=b: examples.residual_mlp(blocks=b, batch=64, width=64))
+          for b in (6, 16, 33, 66, 166)}
+GRAPHS["unet"] = examples.unet
+GRAPHS.update({f"transformer{k}": (lambda k=k: examples.transformer(layers=k)) for k in (1, 2, 4, 8)})
+
+
+def side_by_side(names: list[str], time_limit: float, which=range(5), intervals: int = 2) -> tuple[list[list[str]], list[str]]:
+    """Part 3's rows, one per graph and budget (``which`` of the 5), and its goal lines."""
+    rows, proved = [], {}
+    for name in names:
+        graph = remat.capture(*_captured(name))
+        limit = 5 * time_limit if name == "transformer8" else time_limit
+        floor = remat.lower_bound_bytes(graph)
+        none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+        for budget in np.linspace(floor, none, 5).astype(int)[list(which)]:
+            milp = _timed(remat.checkmate, graph, int(budget), time_limit=limit)
+            cp = _timed(remat.moccasin, graph, int(budget), time_limit=limit, intervals=intervals)
+            bound = max((s.lower_bound or 0.0 for s, _ in (milp, cp) if s is not None), default=0.0)
+            cells = [_cells(found, seconds, bound) for found, seconds in (milp, cp)]
+            proved.setdefault(name, []).append((cells[0][3], cells[1][3]))
+            rows.append([name, str(graph.n), f"{budget / MB:.2f}", *cells[0][:3], *cells[1][:3],
+                         _c_opt(cp[0])])
+            print("  " + " | ".join(rows[-1]), flush=True)
+    return rows, _solver_goals(proved, time_limit)
+
+
+def _captured(name: str):
+    fn, inputs = GRAPHS[name]()
+    return (fn, *inputs)
+
+
+def _timed(solver, graph, budget: int, **options):
+    start = time.perf_counter()
+    try:
+        found = solver(graph, budget, **options)
+    except (ValueError, TimeoutError):
+        found = None
+    return found, time.perf_counter() - start
+
+
+def _cells(found, seconds: float, bound: float) -> list:
+    """(seconds, recompute in MFLOP, gap to ``bound``, the gap as a number: 1 when nothing was found)."""
+    if found is None:
+        return [f"{seconds:.1f}", "none", "-", 1.0]
+    spent = found.recompute_flops
+    gap = 0.0 if spent == 0 or found.status == "optimal" else (spent - min(bound, spent)) / spent
+    return [f"{seconds:.1f}", f"{spent / 1e6:,.1f}", f"{gap:.0%}", gap]
+
+
+def _c_opt(found) -> str:
+    """"yes" when CP-SAT proved its schedule optimal among C-interval ones, else who made it."""
+    if found is None:
+        return "-"
+    if found.proved_within_intervals:
+        return "yes"
+    return "no" if found.found_by == "CP-SAT" else found.found_by.replace("warm start", "no: warm")
+
+
+def _solver_goals(proved: dict, time_limit: float) -> list[str]:
+    """The issue's goals, from the rows measured (a graph not run says so)."""
+    lines = []
+    for name, what, limit, gap in (("mlp101", "100-node graph proved optimal at every budget", time_limit, 0.0),
+                                   ("transformer4", "4-layer transformer proved optimal at every budget",
+                                    time_limit, 0.0),
+                                   ("transformer8", "8-layer transformer within 5% at every budget",
+                                    5 * time_limit, 0.05)):
+        if len(proved.get(name, ())) < 5:
+            lines.append(f"goal: {what} within {limit:g} s: not run at every budget")
+            continue
+        best = [min(m, c) for m, c in proved[name]]
+        met = all(g <= gap for g in best)  # each solver stops at its limit: a gap reached is reached within it
+        lines.append(f"goal: {what} within {limit:g} s (either solver): worst gap {max(best):.0%}: "
+                     f"{'met' if met else 'missed'}")
+    return lines
 
 
 def solver_rows(blocks: list[int], time_limit: float) -> list[list[str]]:
@@ -211,7 +298,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 and 50 nodes, 10 s per solve")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per solve (default 60, quick 10)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per contestant (default 5)")
-    parser.add_argument("--part", choices=("1", "2", "all"), default="all", help="which part (default all)")
+    parser.add_argument("--part", choices=("1", "2", "3", "all"), default="all",
+                        help="which part (default all: 1 and 2; 3 is long)")
+    parser.add_argument("--graphs", nargs="+", choices=sorted(GRAPHS), default=sorted(GRAPHS, key=list(GRAPHS).index),
+                        help="part 3's graphs (default all)")
+    parser.add_argument("--intervals", type=int, default=2, help="Moccasin's C in part 3 (default 2)")
+    parser.add_argument("--budgets", nargs="+", type=int, choices=range(5), default=list(range(5)),
+                        help="part 3's budgets, 0 (the lower bound) to 4 (the no-remat peak); default all")
     parser.add_argument("--memory-worker", metavar="CONTESTANT", help=argparse.SUPPRESS)
     parser.add_argument("--schedules", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -220,6 +313,20 @@ def main() -> None:
         return
     limit = args.time_limit or (10.0 if args.quick else 60.0)
     blocks = [6, 16] if args.quick else [6, 16, 33, 50, 66]
+    if args.part == "3":
+        print("\n".join(machine_lines()))
+        print(f"ag remat: Checkmate's MILP (scipy's HiGHS) beside Moccasin (OR-Tools' CP-SAT, {args.intervals} "
+              "intervals), "
+              f"time limit {limit:g} s per solve ({5 * limit:g} s for 8 layers)")
+        rows, goals = side_by_side(args.graphs, limit, args.budgets, args.intervals)
+        print_table("Part 3: both solvers on each graph at 5 budgets from the lower bound to the no-remat peak "
+                    "(budget in MB, recompute in MFLOP, gap to the best bound either proved)",
+                    ["graph", "nodes", "budget", "MILP s", "MILP recompute", "MILP gap", "CP-SAT s",
+                     "CP-SAT recompute", "CP-SAT gap", "C-opt"], rows)
+        print()
+        for line in goals:
+            print(line)
+        return
     if args.part != "2":
         print("\n".join(machine_lines()))
         print(f"ag remat: Checkmate's MILP on scipy's HiGHS, time limit {limit:g} s per solve")

@@ -266,10 +266,10 @@ def brute_force(graph, budget: int) -> int | None:
     exhaustive search over what each stage hands on to the next (for a choice of kept values,
     the cheapest computations are the missing ones the stage and the kept values need).
     None when nothing fits."""
-    from ag.remat.checkmate import _need_until
+    from ag.remat.checkmate import need_until
     n, T = graph.n, graph.stages
     flops = [node.flops for node in graph.nodes]
-    until = _need_until(graph)
+    until = need_until(graph)
     best: dict[frozenset, int] = {frozenset(): 0}
     for t in range(T):
         step = t - n if t >= n else None

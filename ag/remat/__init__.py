@@ -17,6 +17,8 @@ On any graph (Checkmate's view, Jain et al. 2020):
 - a ``Schedule`` says, stage by stage, which nodes are computed (R) and kept (S);
 - ``execute(schedule)`` runs it on the engine and measures its peak and recomputed FLOPs;
 - ``checkmate(graph, budget_bytes)`` is the optimal schedule (a MILP, HiGHS), ``relax=True`` its LP rounding;
+- ``moccasin(graph, budget_bytes, intervals=C)`` is the same problem as constraint programming (CP-SAT), each
+  node computed at most C times;
 - ``revolve(n_layers, slots)`` is Griewank's binomial schedule for chains, multi-level;
 - ``dynamic(graph, budget_bytes)`` is DTR on any graph, at run time;
 - ``from_keep``, ``chain_schedule`` and ``nemo`` write the fixed plans as schedules on a graph.
@@ -24,7 +26,7 @@ On any graph (Checkmate's view, Jain et al. 2020):
 One concept per file: ``runner`` (sequential and its replay), ``cost`` (profile, predict),
 ``plans`` (the chain strategies), ``dtr`` (dynamic), ``function`` (checkpoint), ``graph``
 (capture), ``model`` (the memory model), ``schedule``, ``execute``, ``checkmate``,
-``revolve``, ``keep`` (fixed plans on a graph).
+``moccasin``, ``revolve``, ``keep`` (fixed plans on a graph).
 """
 from .cost import ChainProfile, Prediction, as_profile, predict, profile
 from .checkmate import checkmate, lower_bound_bytes
@@ -35,6 +37,7 @@ from .plans import STRATEGIES, mode_for, plan
 from .graph import BackwardStep, CaptureError, Graph, Node, capture
 from .keep import chain_schedule, from_keep, nemo
 from .model import ScheduleError, simulate
+from .moccasin import moccasin
 from .revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
 from .runner import Layer, sequential
 from .schedule import Schedule
@@ -42,5 +45,5 @@ from .schedule import Schedule
 __all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainProfile", "DynamicRun", "Execution",
            "Graph", "Layer", "Node", "Prediction", "Revolve", "Schedule", "ScheduleError", "as_profile",
            "binomial_forwards", "capture", "chain_schedule", "checkmate", "checkpoint", "dp_forwards", "dynamic",
-           "execute", "from_keep", "lower_bound_bytes", "mode_for", "nemo", "one_level_forwards", "plan", "predict",
+           "execute", "from_keep", "lower_bound_bytes", "moccasin", "mode_for", "nemo", "one_level_forwards", "plan", "predict",
            "profile", "revolve", "sequential", "simulate"]

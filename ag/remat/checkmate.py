@@ -27,23 +27,38 @@ approximation does: S is rounded at several thresholds, R is then whatever those
 (``keep.complete``), and the cheapest rounding within the budget wins.
 
 The MILP is solved after its LP relaxation, whose optimum bounds the recompute from below and
-whose rounding is an incumbent. When the time limit stops HiGHS, the best of its schedule, the
-rounding and the fixed plans that fit is returned as "feasible", with the gap to the best bound.
+whose rounding is an incumbent. ``time_limit`` is wall time from the call, building included:
+when it stops HiGHS (or the building), the best of its schedule, the rounding and the warm
+starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
+returned as "feasible", with the gap to the best bound.
 """
 from __future__ import annotations
 
+import multiprocessing
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
+from .dtr import GraphDTR
 from .graph import Graph
-from .keep import complete
-from .model import prune
+from .keep import chain_schedule, complete, nemo
+from .model import Memory, ScheduleError, prune
 from .schedule import Schedule, cheapest_within
+
+
+class OutOfTime(Exception):
+    """The wall-clock deadline passed while a solver was still building or solving."""
+
+
+def check_deadline(deadline: float) -> None:
+    if time.perf_counter() > deadline:
+        raise OutOfTime
 
 
 def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax: bool = False) -> Schedule:
     """The fewest recomputed FLOPs whose peak (under ``model``) fits ``budget_bytes``."""
+    start = time.perf_counter()
     try:
         from scipy import sparse
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -64,13 +79,19 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     if budget < floor:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
-    program = _Program(graph, budget)
-    c, integrality, lb, ub, A, lo, hi = program.build(sparse)
+    deadline = start + time_limit
+    warm = [] if relax else warm_starts(graph, budget, deadline)
+    try:
+        program = _Program(graph, budget, deadline)
+        c, integrality, lb, ub, A, lo, hi = program.build(sparse)
+    except OutOfTime:
+        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, None, "while building the MILP")
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
-    start = time.perf_counter()
-    # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound
-    lp = milp(c, integrality=np.zeros_like(integrality), **problem,
-              options={"time_limit": float(time_limit), "disp": False})
+    # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
+    # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
+    share = 1.0 if relax else 0.5
+    lp = _highs(milp, deadline, c, integrality=np.zeros_like(integrality), **problem,
+                options={"time_limit": max(0.01, share * (deadline - time.perf_counter())), "disp": False})
     if lp.status == 2:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
                          f"the smallest feasible budget is at least {floor:,} bytes")
@@ -86,9 +107,12 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
             rounded = _round(graph, program, lp.x, lp.fun, budget, 0.0)
         except ValueError:
             pass  # no rounding fits: the MILP alone
-    remaining = max(0.1 * time_limit, time_limit - (time.perf_counter() - start))
-    result = milp(c, integrality=integrality, **problem,
-                  options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
+    remaining = deadline - time.perf_counter()
+    if remaining < 0.01:
+        return _stopped(graph, [rounded, *warm], budget, time_limit, time.perf_counter() - start, bound,
+                        "while solving the LP relaxation")
+    result = _highs(milp, deadline, c, integrality=integrality, **problem,
+                    options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
     seconds = time.perf_counter() - start
     if result.x is None and result.status == 2:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
@@ -103,38 +127,132 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
         if schedule.status == "optimal":
             schedule.gap, schedule.lower_bound = 0.0, float(schedule.recompute_flops)
             return schedule
-    best = _best_known(graph, [schedule, rounded], budget, seconds, bound)
+    return _stopped(graph, [schedule, rounded, *warm], budget, time_limit, seconds, bound, "before HiGHS found any schedule")
+
+
+def _highs(milp, deadline: float, *args, **kwargs):
+    """scipy's ``milp`` in a forked child, stopped at ``deadline``: HiGHS reads its clock between
+    iterations only, and loading a large model outlasts a small time limit by itself. Stopped, it
+    answers as HiGHS does at its limit with nothing found (status 1, no x)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return milp(*args, **kwargs)  # HiGHS's own limit only
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_milp_into, args=(sender, milp, args, kwargs), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        if receiver.poll(max(0.0, deadline - time.perf_counter())):
+            return receiver.recv()
+        return SimpleNamespace(status=1, x=None, fun=None, mip_dual_bound=None)
+    except EOFError:  # the child died without an answer
+        return SimpleNamespace(status=1, x=None, fun=None, mip_dual_bound=None)
+    finally:
+        child.kill()
+        child.join()
+        receiver.close()
+
+
+def _milp_into(sender, milp, args, kwargs) -> None:
+    sender.send(milp(*args, **kwargs))
+    sender.close()
+
+
+def _stopped(graph: Graph, found: list, budget: int, time_limit: float, seconds: float,
+             bound: float | None, doing: str) -> Schedule:
+    """The time limit ended the solve: the best schedule known, or a clear error when none fits."""
+    best = _best_known(graph, found, budget, seconds, bound)
     if best is None:
-        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended before HiGHS found any "
-                           f"schedule for {graph.n} nodes at {budget:,} bytes, and neither LP rounding nor "
-                           "a fixed plan fits; raise time_limit")
+        raise TimeoutError(f"checkmate: the time limit of {time_limit} s ended {doing} for {graph.n} "
+                           f"nodes at {budget:,} bytes, and neither LP rounding nor a warm start fits; "
+                           "raise time_limit")
     return best
 
 
 def _best_known(graph: Graph, found: list, budget: int, seconds: float,
                 bound: float | None) -> Schedule | None:
-    """Stopped by the time limit: the best of what HiGHS found, the LP rounding and the fixed
-    plans that fit (the incumbents a solver could start from), with the gap to the best bound."""
-    best = cheapest_within([*found, *_fixed_plans(graph)], budget)
+    """Stopped by the time limit: the best of what the solver found and the warm starts that fit
+    (the incumbents it started from), with the gap to the best bound."""
+    best = cheapest_within(found, budget)
     if best is None:
         return None
-    best = _with_bound(Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds), bound)
+    best = with_bound(Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds), bound)
     if best.gap == 0:
-        best.status = "optimal"  # the bound proves it, though HiGHS did not finish
+        best.status = "optimal"  # the bound proves it, though the solver did not finish
     return best
 
 
-def _fixed_plans(graph: Graph):
-    from .keep import chain_schedule, nemo
-    for make in (lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
-                 lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")):
+def warm_starts(graph: Graph, budget: int, deadline: float = float("inf")) -> list[Schedule]:
+    """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions
+    at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Stops
+    making more at ``deadline``."""
+    makers = [lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
+              lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")]
+    makers += [lambda f=f: dtr_schedule(graph, int(f * budget)) for f in (1.0, 0.9, 0.8)]
+    if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):
+        makers += [lambda s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
+    found = []
+    for make in makers:
+        if time.perf_counter() > deadline:
+            break
         try:
-            yield make()
+            found.append(make())
         except ValueError:
-            continue  # NeMo's modes need a transformer
+            continue  # NeMo's modes need a transformer; a chain plan may not fit; DTR may not run
+    return sorted((s for s in found if s.predicted_peak_bytes <= budget), key=lambda s: s.recompute_flops)
 
 
-def _with_bound(schedule: Schedule, bound: float | None) -> Schedule:
+class _Recording:
+    """What DTR drives in place of ``execute``'s Run: nothing is computed; stage by stage it
+    records what is resident when the stage starts (S) and what DTR computes in it (R)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph, self.resident = graph, set()
+        self.R = np.zeros((graph.stages, graph.n), dtype=bool)
+        self.S = np.zeros((graph.stages, graph.n), dtype=bool)
+        self.t = -1
+        self.memory = _StagedMemory(graph, self)
+
+    def begin(self, t: int) -> None:
+        self.t = t
+        self.S[t, sorted(self.resident)] = True
+
+    def compute(self, k: int) -> None:
+        self.R[self.t, k] = True
+        self.resident.add(k)
+        self.memory.compute(k)
+
+    def free(self, k: int) -> None:
+        self.resident.discard(k)
+        self.memory.free(k)
+
+    def backward(self, j: int) -> None:
+        self.memory.backward(j)
+
+
+class _StagedMemory(Memory):
+    def __init__(self, graph: Graph, recording: _Recording) -> None:
+        super().__init__(graph)
+        self.recording = recording
+
+    def stage(self, t: int) -> None:
+        super().stage(t)
+        self.recording.begin(t)
+
+
+def dtr_schedule(graph: Graph, budget: int, heuristic: str = "dtr_eq") -> Schedule:
+    """DTR's run-time evictions at ``budget``, replayed without computing, as a schedule (a value
+    evicted and recomputed within one stage is kept instead: a stage computes a node once)."""
+    recording = _Recording(graph)
+    GraphDTR(graph, budget, heuristic, recording).run()
+    R = recording.R & ~recording.S
+    try:
+        return Schedule(graph, *prune(graph, R, _used_later(graph, R, recording.S)), "dtr")
+    except ScheduleError as error:
+        raise ValueError(f"dtr_schedule: DTR's run is no schedule: {error}") from None
+
+
+def with_bound(schedule: Schedule, bound: float | None) -> Schedule:
     """Attach the best lower bound on recompute known (none: the trivial 0) and the gap to it."""
     spent = schedule.recompute_flops
     schedule.lower_bound = min(bound or 0.0, spent)
@@ -159,11 +277,11 @@ def lower_bound_bytes(graph: Graph) -> int:
 class _Program:
     """The MILP's variables, numbered, and its constraints as one sparse matrix."""
 
-    def __init__(self, graph: Graph, budget: int) -> None:
-        self.graph, self.budget = graph, budget
+    def __init__(self, graph: Graph, budget: int, deadline: float = float("inf")) -> None:
+        self.graph, self.budget, self.deadline = graph, budget, deadline
         T, n = graph.stages, graph.n
         self.T, self.n = T, n
-        self.need_until = _need_until(graph)
+        self.need_until = need_until(graph)
         self.backward_stage: list[int | None] = [None] * n
         for j, step in enumerate(graph.steps):
             self.backward_stage[step.node] = n + j
@@ -180,8 +298,13 @@ class _Program:
                     self.S[t, i] = self._new()
         self.binaries = self.count
         self.candidates = [sorted(graph.with_bases(node.deps) | {node.index}) for node in graph.nodes]
+        self.readers: list[list[int]] = [[] for _ in range(n)]  # the nodes j with d in candidates[j], ascending
+        for j in range(n):
+            for d in self.candidates[j]:
+                self.readers[d].append(j)
         self.FREE: dict[tuple[int, int, int], int] = {}
         for t in range(T):
+            check_deadline(deadline)
             for k in range(n):
                 if self.R[t, k] >= 0:
                     for d in self.candidates[k]:
@@ -217,6 +340,7 @@ class _Program:
         for t in range(min(T, n)):
             lb[self.R[t, t]] = 1  # frontier: stage t makes node t
         for t in range(T):
+            check_deadline(self.deadline)
             step = t - n if t >= n else None
             reads = g.steps[step].reads if step is not None else ()
             for r in reads:
@@ -288,7 +412,7 @@ class _Program:
             if d in read_set:  # the backward step at the end of this stage still reads it
                 row([(F, 1)], -np.inf, 0)
                 continue
-            later = [self.R[t, j] for j in range(k + 1, self.n) if self.R[t, j] >= 0 and d in self.candidates[j]]
+            later = [self.R[t, j] for j in self.readers[d] if j > k and self.R[t, j] >= 0]
             keep = self.S[t + 1, d] if t + 1 < T else -1
             row([(F, 1), (self.R[t, k], -1)], -np.inf, 0)
             if keep >= 0:
@@ -313,7 +437,7 @@ class _Program:
         return S
 
 
-def _need_until(graph: Graph) -> list[int]:
+def need_until(graph: Graph) -> list[int]:
     """The last stage in which each node can be needed: by a forward user, or to (re)compute
     something a backward step reads."""
     n = graph.n
@@ -347,4 +471,20 @@ def _round(graph: Graph, program: _Program, x: np.ndarray, objective: float, bud
         raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
                          "use the MILP (relax=False) or a larger budget")
     best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", seconds
-    return _with_bound(best, lp_bound)
+    return with_bound(best, lp_bound)
+
+
+def _used_later(graph: Graph, R: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """S less what is kept into a stage that neither uses it nor hands it on, in one pass from the
+    last stage back (``prune`` would need a pass per stage for what DTR leaves resident)."""
+    S, n, T = S.copy(), graph.n, graph.stages
+    for t in range(T - 1, 0, -1):
+        used = set(np.flatnonzero(R[t]).tolist())
+        for k in list(used):
+            used |= graph.with_bases(graph.nodes[k].deps)
+        if t >= n:
+            used |= graph.with_bases(graph.steps[t - n].reads)
+        if t + 1 < T:
+            used |= graph.with_bases(np.flatnonzero(S[t + 1]).tolist())
+        S[t, [i for i in np.flatnonzero(S[t]).tolist() if i not in used]] = False
+    return S

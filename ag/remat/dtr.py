@@ -184,7 +184,7 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
     from .execute import Run, traced
     start = time.perf_counter()
     with traced(graph) as measured:
-        dtr = _GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))
+        dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))
         dtr.run()
         predicted, evictions = dtr.run_.memory.peak, dtr.evictions
         del dtr
@@ -217,7 +217,7 @@ def h_dtr(cost: float, size: int, staleness: int) -> float:
     ### END SOLUTION
 
 
-class _GraphDTR:
+class GraphDTR:
     """The run-time state: what is resident, what will still be read, and the eviction classes."""
 
     def __init__(self, graph: Graph, budget: int, heuristic: str, run) -> None:

@@ -1,0 +1,188 @@
+"""Moccasin's interval formulation on CP-SAT beside Checkmate's MILP (issue 52): the same optimum
+where the MILP proves one, the intervals that suffice, schedules that execute as predicted, and
+time limits kept in wall time."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ag import remat
+from ag.remat import examples
+from ag.remat.checkmate import dtr_schedule, warm_starts
+from ag.remat.moccasin import _cp_model, _Program, intervals_that_suffice
+
+if os.environ.get("AG_REQUIRE_SOLVER"):
+    import ortools  # noqa: F401  (CI installs the solver extra: nothing here may skip)
+    import scipy  # noqa: F401
+else:
+    pytest.importorskip("ortools", reason="moccasin needs the solver extra (OR-Tools' CP-SAT)")
+    pytest.importorskip("scipy", reason="checkmate needs the solver extra (scipy's HiGHS)")
+
+from test_remat_graph import plain_grads, random_dag  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small():
+    """name -> (graph, leaves with grad, the plain-backward grads) for graphs that run in a second."""
+    out = {}
+    for name, make in (("residual MLP", lambda: examples.residual_mlp(blocks=4)), ("U-Net", examples.unet),
+                       ("transformer", lambda: examples.transformer(layers=1, dropout=0.0))):
+        fn, inputs = make()
+        graph = remat.capture(fn, *inputs)
+        out[name] = (graph, fn.parameters, plain_grads(fn, inputs, fn.parameters))
+    return out
+
+
+def budgets(graph, count: int = 5) -> list[int]:
+    """``count`` budgets from the lower bound to the no-remat peak."""
+    floor = remat.lower_bound_bytes(graph)
+    return [int(b) for b in np.linspace(floor, remat.chain_schedule(graph, "none").predicted_peak_bytes, count)]
+
+
+# ---- the same optimum as the MILP ----
+
+@pytest.mark.parametrize("seed", range(2))
+def test_with_enough_intervals_moccasin_proves_the_milps_optimum_on_random_dags(seed):
+    fn, inputs = random_dag(seed, n_ops=5 + seed % 3)
+    graph = remat.capture(fn, *inputs)
+    enough = intervals_that_suffice(graph)
+    compared = 0
+    for budget in budgets(graph)[:-1]:  # the no-remat peak costs nothing: nothing to compare
+        try:
+            milp = remat.checkmate(graph, budget, time_limit=20)
+        except ValueError:
+            with pytest.raises(ValueError, match="smallest feasible budget"):
+                remat.moccasin(graph, budget, intervals=enough)
+            continue
+        found = remat.moccasin(graph, budget, intervals=enough, time_limit=20)
+        assert milp.status == "optimal" and found.status == "optimal" and found.gap == 0
+        assert found.recompute_flops == milp.recompute_flops, (seed, budget)
+        assert found.predicted_peak_bytes <= budget
+        compared += 1
+    assert compared >= 3
+
+
+def test_every_heuristic_schedule_is_an_assignment_of_the_interval_variables_at_its_own_cost(small):
+    """The other direction of "the same optimum": any schedule of the memory model is a solution
+    of Moccasin's constraints (with enough intervals), CP-SAT checking every constraint."""
+    cp_model = _cp_model()
+    for graph, _, _ in small.values():
+        budget = budgets(graph)[2]
+        for schedule in warm_starts(graph, budget)[:2]:
+            computations = int(schedule.R.sum(axis=0).max())  # the intervals that hold this schedule
+            program = _Program(graph, budget, computations, cp_model, float("inf"))
+            for var, value in program._assignment(schedule).items():
+                program.model.add(var == value)
+            solver = cp_model.CpSolver()
+            assert solver.solve(program.model) == cp_model.OPTIMAL, schedule
+            assert solver.objective_value == schedule.recompute_flops
+
+
+def test_a_node_computed_three_times_makes_two_intervals_strictly_worse_than_three(small):
+    """On the residual MLP halfway up, the optimum recomputes relu and add outputs (free) twice
+    each; with two intervals a node is recomputed once at most, and a matmul must be redone."""
+    graph = small["residual MLP"][0]
+    budget = budgets(graph)[2]
+    two, three = (remat.moccasin(graph, budget, intervals=c, time_limit=30) for c in (2, 3))
+    assert two.proved_within_intervals and two.status == "feasible" and two.recompute_flops > 0
+    assert three.status == "optimal" and three.recompute_flops == 0  # 0: no schedule does better
+    assert (three.R.sum(axis=0) == 3).any()
+
+
+def test_one_interval_means_no_recomputation(small):
+    graph = small["U-Net"][0]
+    loose, tight = budgets(graph)[-1], budgets(graph)[1]
+    found = remat.moccasin(graph, loose, intervals=1)
+    assert found.status == "optimal" and found.recompute_flops == 0 and found.R.sum() == graph.n
+    stuck = remat.moccasin(graph, tight, intervals=1)  # CP-SAT proves nothing fits once: a warm start answers
+    assert stuck.found_by.startswith("warm start") and not stuck.proved_within_intervals
+    assert stuck.predicted_peak_bytes <= tight and stuck.recompute_flops > 0
+
+
+def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_intervals_that_suffice(small):
+    graph = small["transformer"][0]
+    budget = remat.lower_bound_bytes(graph)
+    assert not warm_starts(graph, budget)  # no heuristic reaches the lower bound here
+    with pytest.raises(ValueError, match=f"no schedule computing each node at most 1 time.*raise intervals "
+                                         f"\\({intervals_that_suffice(graph)} hold every schedule\\)"):
+        remat.moccasin(graph, budget, intervals=1)
+
+
+def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
+    graph = small["residual MLP"][0]
+    assert intervals_that_suffice(graph) == graph.stages - 1  # node 0 is read by the last backward step
+
+
+# ---- schedules that run ----
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer"])
+def test_execute_of_a_moccasin_schedule_peaks_within_5_percent_and_its_gradients_are_bit_identical(small, name):
+    graph, leaves, expected = small[name]
+    found = remat.moccasin(graph, budgets(graph)[1], time_limit=5)
+    assert found.recompute_flops > 0
+    for t in leaves:
+        t.grad = None
+    result = remat.execute(found)
+    assert abs(result.peak_bytes - found.predicted_peak_bytes) <= 0.05 * found.predicted_peak_bytes
+    assert result.recompute_flops == found.recompute_flops
+    assert all(np.array_equal(t.grad, g) for t, g in zip(leaves, expected))
+
+
+def test_dtr_replayed_without_computing_is_a_schedule_that_fits_where_dtr_did(small):
+    graph = small["U-Net"][0]
+    budget = budgets(graph)[2]
+    schedule = dtr_schedule(graph, budget)
+    assert schedule.recompute_flops > 0 and schedule.predicted_peak_bytes <= budget
+    assert schedule.recompute_flops == remat.dynamic(graph, budget).recompute_flops
+
+
+# ---- wall time and warm starts ----
+
+@pytest.fixture(scope="module")
+def big():
+    fn, inputs = examples.transformer(layers=4)
+    graph = remat.capture(fn, *inputs)
+    return graph, budgets(graph)[1]
+
+
+@pytest.mark.parametrize("solver", ["moccasin", "checkmate"])
+def test_a_small_time_limit_on_a_big_graph_is_kept_in_wall_time_with_a_warm_start_as_the_answer(big, solver):
+    graph, budget = big
+    start = time.perf_counter()
+    found = getattr(remat, solver)(graph, budget, time_limit=3)
+    seconds = time.perf_counter() - start
+    assert seconds <= 3 + 1.5, seconds
+    assert found.predicted_peak_bytes <= budget and found.status in ("optimal", "feasible")
+    assert found.recompute_flops <= min(s.recompute_flops for s in warm_starts(graph, budget))
+    assert found.lower_bound is not None and 0 <= found.gap <= 1
+
+
+# ---- bad input ----
+
+def test_a_budget_below_the_lower_bound_names_it(small):
+    graph = small["residual MLP"][0]
+    floor = remat.lower_bound_bytes(graph)
+    with pytest.raises(ValueError, match=f"smallest feasible budget is at least {floor:,} bytes"):
+        remat.moccasin(graph, floor - 1)
+
+
+@pytest.mark.parametrize("intervals", [0, -2, 1.5, "2"])
+def test_intervals_below_one_or_not_an_integer_are_refused(small, intervals):
+    with pytest.raises(ValueError, match=f"intervals must be an integer of at least 1.*got {intervals!r}"):
+        remat.moccasin(small["residual MLP"][0], 10**9, intervals=intervals)
+
+
+@pytest.mark.parametrize("limit", [0, -1, "60"])
+def test_a_time_limit_that_is_not_positive_is_refused(small, limit):
+    with pytest.raises(ValueError, match="time_limit must be a positive number"):
+        remat.moccasin(small["residual MLP"][0], 10**9, time_limit=limit)
+
+
+def test_a_missing_ortools_names_the_solver_extra(small, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    with pytest.raises(ImportError, match=r"OR-Tools.*pip install 'ag\[solver\]'"):
+        remat.moccasin(small["residual MLP"][0], 10**9)
