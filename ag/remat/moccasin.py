@@ -145,7 +145,7 @@ class _Program:
             check_deadline(deadline)
             self._intervals(v, until[v])
         self._precedence()
-        self._backward()
+        self._backward_steps()
         self._views()
         self._memory(budget)
         self.model.minimize(sum(graph.nodes[v].flops * a for v in range(self.n) for a in self.a[v][1:]))
@@ -195,7 +195,7 @@ class _Program:
                 for d in sorted(g.with_bases(g.nodes[k].deps)):
                     self._held(("compute", k, j), d, self.a[k][j], self.stage[k][j], self.s(k, j))
 
-    def _backward(self) -> None:
+    def _backward_steps(self) -> None:
         g, n = self.graph, self.n
         for step_index, step in enumerate(g.steps):
             check_deadline(self.deadline)
