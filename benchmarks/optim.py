@@ -40,9 +40,9 @@ OPTIMIZERS = {"SGD momentum": ("SGD", dict(lr=0.01, momentum=0.9)),
               "Adam": ("Adam", dict(lr=1e-3)),
               "AdamW": ("AdamW", dict(lr=1e-3, weight_decay=1e-2))}
 LIMITS = {  # what a missed time goal is limited by: the passes each framework makes over a parameter
-    "SGD momentum": "NumPy's 4 passes a block (b *= μ, b += g, γ b, θ -= γ b) against torch's 3 "
+    "SGD momentum": "NumPy's 4 passes over the parameter (b *= μ, b += g, γ b, θ -= γ b) against torch's 3 "
                     "(mul_, add_, add_ with alpha)",
-    "Adam": "NumPy's 12 passes a block, one ufunc a term, against torch's 7, where lerp, addcmul and addcdiv fuse terms",
+    "Adam": "NumPy's 12 passes over the parameter, one ufunc a term, against torch's 7, where lerp, addcmul and addcdiv fuse terms",
 }
 LIMITS["AdamW"] = LIMITS["Adam"]
 
