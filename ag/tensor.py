@@ -42,7 +42,7 @@ class Tensor(TensorBase):
     __array_priority__ = 1000  # so that ndarray + Tensor calls Tensor.__radd__
 
     # A fixed set of fields, without a per-tensor dict: CPython re-specializes attribute access
-    # each time a dict-backed class gains a field, which made a graph op after a no-graph one 12% slower.
+    # each time a dict-backed class gains a field.
     __slots__ = ("value", "shape", "dtype", "requires_grad", "grad", "rematerializer", "name",
                  "op", "inputs", "_backward", "_saved", "_saves_output", "_retains_grad",
                  "_graph_freed", "_needed_by", "_internal", "__weakref__")

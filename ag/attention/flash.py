@@ -153,10 +153,8 @@ def _each_run(runs: list, own: list[Tiles], run_loop, hold_blas: bool) -> None:
     """Every run in turn on the threads, then every thread's buffers freed, on the caller's thread:
     nothing tile-sized stays alive between forward and backward.
 
-    The forward's score buffers come from the caller's thread. One a fresh thread allocates comes
-    from that thread's malloc arena, and an arena that had given its pages back made the call fault
-    1,000 pages in again, 1 ms of a 15 ms forward at N = 1024, in 9 of 80 interleaved benchmark
-    turns (none since; BENCHMARKS.md, "History"). The forward holds O and L from its start, so a
+    The forward's score buffers come from the caller's thread, whose malloc arena keeps its pages
+    (a fresh thread's arena may have given them back). The forward holds O and L from its start, so a
     buffer allocated before it raises no peak; the backward's would sit beside D's temporary (dO ∘ O)."""
     try:
         sharing.in_turns(runs, own, run_loop, hold_blas)

@@ -24,8 +24,7 @@ import numpy as np
 
 from ..lab.threads import blas_threads, cores, have_threadpoolctl
 
-# Runs of one head took N = 1024's forward from 1.22 to 1.16 × torch against runs of four
-# (S_ij 2 MB a worker); the backward's 256 × 256 tiles make runs of two (BENCHMARKS.md, "History").
+# A run's score tiles stay in a core's cache: one head's forward a run; the backward's 256 × 256 tiles make runs of two.
 SCORE_TILE_BYTES = 512 * 1024
 # A thread is started only for this many multiply-adds of QKᵀ (a 256 × 256 tile at d = 64): below
 # it, starting threads costs more than they save (B = 2, H = 4, N = 128, d = 16: 0.79 ms on the
@@ -114,10 +113,8 @@ def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hol
     (``ag.remat`` measures an op's workspace once and plans with it). With one ``own`` the caller
     runs them all, with BLAS held to one thread if ``hold_blas`` (a call too small to share among
     the workers asked for: OpenBLAS's own threads, woken for each small product, cost more).
-    Otherwise every run is on a new thread and the caller waits: on the 2-vCPU
-    machines, a thread started beside a busy caller sometimes waited milliseconds for the idle
-    vCPU (a forward at N = 1024 took 13 or 18 ms), where a waiting caller frees its core for it
-    (BENCHMARKS.md, "History")."""
+    Otherwise every run is on a new thread and the caller waits, which frees its core for them:
+    a thread started beside a busy caller can wait for the idle core."""
     failed: list[BaseException] = []
 
     def take_runs(mine, first: int) -> None:

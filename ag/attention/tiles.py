@@ -22,8 +22,7 @@ EXP2_SAFE = 80.0
 def exp2_is_fast() -> bool:
     """Is NumPy's exp2 here its vector one, which takes half exp's time? It is SVML's, which NumPy
     builds for Linux on x86-64 and runs on a CPU with AVX-512 (Skylake-X's set: Intel Xeons, AMD
-    Zen 4 and 5). Elsewhere exp2 runs an element at a time: on an AVX2 Zen 3 EPYC, a 256 × 256 tile
-    of two heads took 374 µs by exp2 and 176 by exp (BENCHMARKS.md, "History"). Decided by the CPU,
+    Zen 4 and 5). Elsewhere exp2 runs an element at a time, slower than exp. Decided by the CPU,
     not by timing, so that a machine always takes the same path and gives the same bits."""
     try:
         from numpy._core._multiarray_umath import __cpu_features__
@@ -183,7 +182,7 @@ class Tiles:
     @staticmethod
     def row_max(s: np.ndarray) -> np.ndarray:
         """rowmax(S) of a score tile, as (..., rows, 1). ``np.fmax`` skips NaN where ``np.max`` must
-        carry it, and that makes it 25% faster here; a NaN score still reaches O through exp."""
+        carry it, which makes it faster; a NaN score still reaches O through exp."""
         return np.fmax.reduce(s, axis=-1, keepdims=True)
 
     def row_sum(self, p: np.ndarray) -> np.ndarray:
