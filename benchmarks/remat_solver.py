@@ -5,7 +5,7 @@ PyTorch's own checkpointing.
     python benchmarks/remat_solver.py            # parts 1 and 2: 20 to 200 nodes, 60 s per solve: about 12 min
     python benchmarks/remat_solver.py --quick    # 20 and 50 nodes, 10 s per solve: about 2 min
     python benchmarks/remat_solver.py --part 3   # both solvers on every graph: hours on 2 cores
-    python benchmarks/remat_solver.py --part 3 --graphs mlp100 transformer4   # a few rows
+    python benchmarks/remat_solver.py --part 3 --graphs mlp101 transformer4   # a few rows
 
 Part 3, the two solvers side by side. Graphs: residual MLPs of 20 to 500 nodes (batch 64,
 width 64), the U-Net, and transformers of 1, 2, 4 and 8 layers (``examples.transformer``'s
