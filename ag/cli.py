@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import course
 from .course import batch, intake
-from .course.escape import for_terminal
+from .course.escape import for_terminal, plain_text
 from .course.grade import student_limit
 from .course.writing import UnsafeTarget, check_target, write_new
 
@@ -188,7 +188,7 @@ def _print_report(report, *, quiet: bool) -> None:
     for t in report.tests:
         print(f"{t.status:>6}  {t.score:4g}/{t.max_score:<4g} {for_terminal(t.name)}")
         if t.status != "passed" and t.output and not quiet:
-            print(textwrap.indent(for_terminal(t.output, lines=True), "        | ", lambda line: True))
+            print(textwrap.indent(for_terminal(plain_text(t.output), lines=True), "        | ", lambda line: True))
     print(f"score: {report.score:g} / {report.max_score:g}")
 
 

@@ -3,7 +3,8 @@
 A terminal obeys control characters (ESC clears the screen, CR overwrites a line, bidi overrides
 reorder it), so each one is shown as its escape (``\\x1b``, ``\\u202e``). A spreadsheet reads a
 cell that starts with ``= + - @``, TAB or CR as a formula, so such a cell gets a ``'`` first
-(OWASP's CSV injection rule, which spreadsheets show as plain text).
+(OWASP's CSV injection rule, which spreadsheets show as plain text). A check's Markdown message
+reads as plain text on a terminal or in a notebook's traceback (``plain_text``).
 """
 from __future__ import annotations
 
@@ -32,3 +33,35 @@ def for_csv(text: object) -> str:
     if cell.startswith(FORMULA_START):
         cell = "'" + cell
     return for_terminal(cell)
+
+
+def plain_text(markdown: str) -> str:
+    """A check's Markdown message as plain text: code fences become indented lines, a table one line
+    per row ("at index (0, 0): expected 1, got 2"), code spans and bold marks go."""
+    out, fence, header = [], None, None
+    for line in markdown.split("\n"):
+        opened = re.match(r"^(`{3,})", line)
+        if fence is not None:
+            if line.startswith(fence) and not line.strip("`"):
+                fence = None
+            else:
+                out.append("    " + line)
+        elif opened:
+            fence = opened.group(1)
+        elif line.startswith("|") and line.endswith("|"):
+            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not all(set(c) <= set("-: ") for c in cells):
+                first, *rest = zip(header, cells)
+                out.append(f"{first[0]} {first[1]}: " + ", ".join(f"{h} {c}" for h, c in rest))
+        else:
+            header = None
+            out.append(_inline(line))
+    return "\n".join(out).strip()
+
+
+def _inline(text: str) -> str:
+    """``text`` without Markdown's inline marks: code spans keep their content, bold and escapes go."""
+    text = re.sub(r"(`+) ?(.*?) ?\1", lambda m: m.group(2), text)
+    return re.sub(r"\\([\\`*_{}\[\]()#+\-.!|])", r"\1", text.replace("**", ""))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import channel
+from .escape import plain_text
 from .exercises import EXERCISES, PACKAGE, REPO, Exercise, exercise_of
 from .install import install as install_module
 from .regions import BEGIN, function_source
@@ -94,38 +95,6 @@ def _where(error: BaseException) -> str:
         if not any(path.is_relative_to(o) for o in outside):
             return f" (in {frame.name}, line {frame.lineno} of its cell)"
     return ""
-
-
-def plain_text(markdown: str) -> str:
-    """A check's Markdown message as plain text: code fences become indented lines, a table one line
-    per row ("at index (0, 0): expected 1, got 2"), code spans and bold marks go."""
-    out, fence, header = [], None, None
-    for line in markdown.split("\n"):
-        opened = re.match(r"^(`{3,})", line)
-        if fence is not None:
-            if line.startswith(fence) and not line.strip("`"):
-                fence = None
-            else:
-                out.append("    " + line)
-        elif opened:
-            fence = opened.group(1)
-        elif line.startswith("|") and line.endswith("|"):
-            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
-            if header is None:
-                header = cells
-            elif not all(set(c) <= set("-: ") for c in cells):
-                first, *rest = zip(header, cells)
-                out.append(f"{first[0]} {first[1]}: " + ", ".join(f"{h} {c}" for h, c in rest))
-        else:
-            header = None
-            out.append(_inline(line))
-    return "\n".join(out).strip()
-
-
-def _inline(text: str) -> str:
-    """``text`` without Markdown's inline marks: code spans keep their content, bold and escapes go."""
-    text = re.sub(r"(`+) ?(.*?) ?\1", lambda m: m.group(2), text)
-    return re.sub(r"\\([\\`*_{}\[\]()#+\-.!|])", r"\1", text.replace("**", ""))
 
 
 class Cell(NamedTuple):
