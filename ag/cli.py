@@ -4,14 +4,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-from . import course
+from . import course, demo, parallel
+from .attention import gpu
 from .course import batch, intake
+from .course.assign import release
+from .course.notebook import NOTEBOOKS
 from .course.escape import for_terminal, plain_text
 from .course.grade import student_limit
 from .course.writing import UnsafeTarget, check_target, write_new
@@ -47,12 +51,10 @@ def _demo(args: argparse.Namespace) -> int:
         if args.name != "attention":
             print(f"ag demo {args.name}: --device gpu applies to the attention demo only", file=sys.stderr)
             return 2
-        from .attention import gpu
         ready, reason = gpu.available()
         if not ready:
             print(f"ag demo attention --device gpu: no GPU here: {reason}", file=sys.stderr)
             return 1
-    from . import demo
     if args.name == "memory":
         demo.memory(args.out, html=args.html)
         return 0
@@ -70,30 +72,22 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _parallel(argv: list[str]) -> int:
     """Run ``ag.parallel.main`` in this rank; one process alone only gets told how to launch it."""
-    import os
     if not any(name in os.environ for name in MPI_LAUNCHER_VARIABLES):
         print(f"ag demo parallel is meant to be launched by MPI, one process per rank: {PARALLEL_LAUNCH} "
               "(or -n 4); running it in this single process", file=sys.stderr)
     try:
-        from . import parallel
-    except ImportError as error:
-        print(f"ag demo parallel: cannot import ag.parallel ({error}); it needs the mpi extra: "
-              f"pip install -e '.[mpi]', then {PARALLEL_LAUNCH}", file=sys.stderr)
+        return parallel.main(argv) or 0
+    except ImportError as error:  # mpi4py, imported when the first group is made
+        print(f"ag demo parallel: {error}; then {PARALLEL_LAUNCH}", file=sys.stderr)
         return 1
-    return parallel.main(argv) or 0
 
 
 def _assign(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from . import course
-    from .course.notebook import NOTEBOOKS
     if args.release and args.format == "notebook":
         print("ag assign: --release writes the .py exercises; nbgrader makes the notebooks' release itself "
               f"(nbgrader generate_assignment, in {NOTEBOOKS.parent}/)", file=sys.stderr)
         return 2
     if args.release:
-        from .course.assign import release
         try:
             written = release(args.release)
         except (ValueError, FileNotFoundError) as error:

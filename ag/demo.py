@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops, trace
+from . import memory_model, nn, ops, plot, remat, trace
+from .attention import flash_attention, naive_attention
+from .plot.html import memory_html
+from .remat import capture, examples
+from .remat.sweep import budgets_between, sweep
+from .trace import count_ops
 from .modes import eager_grads
 from .tables import table
 from .tensor import Tensor
@@ -156,8 +161,6 @@ def remat_strategies(n_layers: int = 10, batch: int = 512, width: int = N, seed:
     """Every checkpoint strategy on a chain of ``x = ag.matmul(x, w)`` layers, measured."""
     import time
 
-    from . import remat
-    from .trace import count_ops
     rng = np.random.default_rng(seed)
     weights = [Tensor((rng.standard_normal((width, width)) / np.sqrt(width)).astype(dtype), requires_grad=True)
                for _ in range(n_layers)]
@@ -227,8 +230,6 @@ def _strategy_row(r: RematRun) -> tuple:
 
 def remat_graph_demo(out_dir: str = "ag-plots", *, budgets: int = 5, time_limit: float = 10) -> dict:
     """Checkmate's Figure 4 on ag: every planner on three captured graphs, measured by running it."""
-    from .remat import capture, examples
-    from .remat.sweep import budgets_between, sweep
     graphs = {"residual MLP": examples.residual_mlp(), "U-Net": examples.unet(),
               "2-layer transformer": examples.transformer(layers=2)}
     sweeps, flops = {}, {}
@@ -256,7 +257,6 @@ def _save_html(path: str, timelines: dict[str, list[trace.Snapshot]], title: str
     """Write the timelines to ``path`` as one interactive HTML file (works offline) and print where."""
     import os
 
-    from .plot.html import memory_html
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     print(f"interactive timeline written: {memory_html(timelines, path, title=title)}")
 
@@ -265,7 +265,6 @@ def _save_plot(out_dir: str, name: str, draw) -> None:
     """Draw one plot into ``out_dir/name``, or say why not (no matplotlib)."""
     import os
     try:
-        from . import plot
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, name)
         draw(plot, path)
@@ -288,7 +287,6 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
                       device="cpu") -> list[AttentionPeak]:
     """Peak of forward + backward for naive and flash attention as N grows: tracemalloc's on
     the CPU; with ``device="gpu"``, CuPy's memory pool's (the CUDA kernels run flash)."""
-    from .attention import flash_attention, naive_attention
     rng = np.random.default_rng(seed)
     xp = np if device == "cpu" else trace.device_module(device)
     backend = "numpy" if device == "cpu" else "cupy"
@@ -394,7 +392,6 @@ def layer_activations(s: int, b: int, h: int, a: int, setting: str, *, num_query
     """One float16 TransformerLayer: ``setting`` is "none", "selective", "full" (NeMo's
     activations_checkpoint_granularity) or "flash" (attention="flash", which keeps selective's
     bytes plus its logsumexp, one 2-byte value per head and token: 2asb)."""
-    from . import memory_model, nn
     if setting not in LAYER_SETTINGS:
         raise ValueError(f"layer_activations: setting must be one of {LAYER_SETTINGS}, got {setting!r}")
     granularity = setting if setting in ("selective", "full") else None
@@ -416,7 +413,6 @@ def stack_activations(num_layers: int, s: int, b: int, h: int, a: int, method: s
     """A float16 Transformer of ``num_layers`` with full recomputation after its forward:
     uniform keeps each chunk's input, ⌈L/n⌉·2sbh; block keeps n inputs and L − n whole
     layers, n·2sbh + (L − n)·F with F = sbh(34 + 5as/h)."""
-    from . import memory_model, nn
     model = nn.Transformer(num_layers, h, a, activations_checkpoint_granularity="full",
                            activations_checkpoint_method=method, activations_checkpoint_num_layers=n,
                            dtype=np.float16, seed=seed)
