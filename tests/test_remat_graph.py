@@ -329,7 +329,9 @@ def test_checkmate_agrees_with_brute_force_on_random_dags_of_at_most_8_nodes(see
 def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graphs, name):
     graph = graphs[name][0]
     for other in planners(graph):
-        found = checkmate(graph, other.predicted_peak_bytes)
+        # the proof, not its speed, is the claim: the limit counts building and warm starts too, and the
+        # residual MLP's tightest planner budget takes HiGHS about 50 s on 2 cores
+        found = checkmate(graph, other.predicted_peak_bytes, time_limit=120)
         assert found.status == "optimal"
         assert found.recompute_flops <= other.recompute_flops, other
         assert found.predicted_peak_bytes <= other.predicted_peak_bytes
@@ -499,7 +501,7 @@ def test_both_schedules_peak_in_the_attention_cores_backward_and_a_tighter_budge
     for schedule in (selective, found):
         node = graph.nodes[graph.steps[peak_step(schedule)].node]
         assert node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope)
-    tight = remat.checkmate(graph, selective.predicted_peak_bytes * 96 // 100)
+    tight = remat.checkmate(graph, selective.predicted_peak_bytes * 96 // 100, time_limit=120)  # the proof is the claim
     assert tight.status == "optimal" and tight.recompute_flops > selective.recompute_flops
     products = [graph.nodes[i] for i in tight.recomputed() if graph.nodes[i].flops]
     assert any(node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in products)
