@@ -28,7 +28,7 @@ def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str,
     files = {f"lib/{path}": data for path, data in package_files({exercise.number}).items()}
     for test_file in sorted(tests.glob(f"test_ex{exercise.number}_*.py")):
         files[f"lib/{test_file.name}"] = probe_source(test_file).encode()
-    for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (references.py)
+    for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (zero_pages.py); not references/, a folder
         if not helper.name.startswith(("test_", "conftest")):
             files[f"lib/{helper.name}"] = helper.read_bytes()
     for mine in sorted(submission.glob("ex*.py")):
