@@ -19,8 +19,12 @@
 #endif
 static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 128, "flash_fwd.cu: HEAD_DIM must be in 1..128");
 
+#ifndef FWD_BLOCK_K  // keys per K/V tile; at d > 64 half a tile, so that two blocks' tiles fit an SM's shared memory
+#define FWD_BLOCK_K (HEAD_DIM > 64 ? 32 : 64)
+#endif
+
 constexpr int BLOCK_Q = 64;                   // query rows per thread block
-constexpr int BLOCK_K = 64;                   // keys per K/V tile
+constexpr int BLOCK_K = FWD_BLOCK_K;          // keys per K/V tile
 constexpr int TX = 16, TY = 16;               // 256 threads: TX along keys / head dim, TY along queries
 constexpr int THREADS = TX * TY;
 constexpr int ROWS = BLOCK_Q / TY;            // query rows per thread: ty * ROWS + r
@@ -29,6 +33,7 @@ constexpr int D = (HEAD_DIM + 15) / 16 * 16;  // head dim padded with zeros to a
 constexpr int DCOLS = D / TX;                 // output columns per thread: tx + e * TX
 constexpr int STRIDE = D + 4;                 // floats per shared row, padded: float4 reads down a column are conflict-free
 constexpr int P_STRIDE = BLOCK_K + 4;
+static_assert(BLOCK_K % TX == 0 && BLOCK_K % 4 == 0, "flash_fwd.cu: a K/V tile is whole columns of threads");
 
 // Dynamic shared memory per block, read by ag/attention/gpu.py (RawModule.get_global)
 extern "C" __constant__ int flash_fwd_f32_smem = (BLOCK_Q * STRIDE + 2 * BLOCK_K * STRIDE + BLOCK_Q * P_STRIDE) * 4;
