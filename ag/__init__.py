@@ -26,7 +26,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `attention/` | arrays, lab, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
-| `optim` | tensor | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
+| `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from . import trace
 from .tensor import Tensor
 
 STEPPABLE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -48,9 +49,19 @@ class Optimizer:
                                  f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
             state = self.state.get(p)
             if state is None:  # the first step allocates the state, as torch does
-                state = self.state[p] = {"step": 0, **{name: np.zeros_like(p.value) for name in self.state_names}}
+                state = self.state[p] = self.new_state(p)
             state["step"] += 1
             self.update(group, state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
+            trace.record("optimizer step", type(self).__name__, p.name)
+
+    def new_state(self, p: Tensor) -> dict:
+        """Step 0 and a zero array of ``p``'s shape and dtype for each of ``state_names``, each
+        labelled for tracing as "optimizer state"."""
+        state = {"step": 0}
+        for name in self.state_names:
+            state[name] = np.zeros_like(p.value)
+            trace.watch_state(p, name, state[name])
+        return state
 
     def update(self, group: dict, t: int, theta: np.ndarray, grad: np.ndarray, *state: np.ndarray) -> None:
         """Step ``theta`` in place with ``grad`` and the state arrays (``state_names``) at step ``t``."""
@@ -63,6 +74,7 @@ class Optimizer:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.fill(0)
+        trace.record("optimizer step", "zero_grad", None)
 
     def named_state(self) -> Iterator[tuple[Tensor, str, np.ndarray]]:
         """(parameter, name, array) for every state array held, e.g. (w, "exp_avg", m)."""
