@@ -40,19 +40,21 @@ class Optimizer:
 
     def step(self) -> None:
         """One update of every parameter that has a grad (one without is left alone, as in torch)."""
-        group = self.param_groups[0]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.shape != p.shape:
-                raise ValueError(f"{type(self).__name__}.step: {p.describe()} has shape {p.shape} and a grad "
-                                 f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
-            state = self.state.get(p)
-            if state is None:  # the first step allocates the state, as torch does
-                state = self.state[p] = self.new_state(p)
-            state["step"] += 1
-            self.update(group, state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
-            trace.record("optimizer step", type(self).__name__, p.name)
+        for p in self.params:
+            if p.grad is not None:
+                self.step_param(p)
+
+    def step_param(self, p: Tensor) -> None:
+        """Update one parameter with its grad, allocating its state at its first step."""
+        if p.grad.shape != p.shape:
+            raise ValueError(f"{type(self).__name__}.step: {p.describe()} has shape {p.shape} and a grad "
+                             f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
+        state = self.state.get(p)
+        if state is None:  # the first step allocates the state, as torch does
+            state = self.state[p] = self.new_state(p)
+        state["step"] += 1
+        self.update(self.param_groups[0], state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
+        trace.record("optimizer step", type(self).__name__, p.name)
 
     def new_state(self, p: Tensor) -> dict:
         """Step 0 and a zero array of ``p``'s shape and dtype for each of ``state_names``, each
