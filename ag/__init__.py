@@ -28,6 +28,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |
+| `train` | modes, nn, ops, optim, tensor | training on real data: digits (`DigitsMLP`), a character-level transformer on the Zen of Python, `cross_entropy`, `fit` with a progress bar, checkpoints that resume exactly |
 | `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
@@ -36,7 +37,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `cli` | attention, course, demo, parallel | the `ag` command |
 <!-- module map -->
 """
-from . import amp, attention, lab, memory_model, nn, optim, remat, trace
+from . import amp, attention, lab, memory_model, nn, optim, remat, trace, train
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
@@ -51,7 +52,7 @@ from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topol
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "optim", "amp", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "optim", "amp", "train", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",
