@@ -158,10 +158,18 @@ def wall(sizes: Sequence[tuple[int, int, int]] = ((2, 64, 4), (4, 96, 4), (6, 12
         for batch in batches:
             config, applied = WallConfig(num_layers, hidden, heads, seq, batch), ()
             bars.append(_bar(config, applied, seed))
-            for lever in (LEVERS[n] if isinstance(n, str) else n for n in levers):
+            for lever in map(_lever, levers):
                 config, applied = lever.apply(config), (*applied, lever.name)
                 bars.append(_bar(config, applied, seed))
     return bars
+
+
+def _lever(lever: str | Lever) -> Lever:
+    if isinstance(lever, Lever):
+        return lever
+    if lever not in LEVERS:
+        raise ValueError(f"wall: unknown lever {lever!r}; expected one of {sorted(LEVERS)} or an ag.wall.Lever")
+    return LEVERS[lever]
 
 
 def _bar(config: WallConfig, levers: tuple[str, ...], seed: int) -> WallBar:
