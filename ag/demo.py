@@ -517,13 +517,13 @@ def train_demo(out_dir: str | None = "ag-plots", digits_steps: int = 500, text_s
     x, y, x_test, y_test = train.load_digits_split()
     mlp = train.DigitsMLP()
     mlp_opt = optim.Adam(list(mlp.parameters()), lr=1e-2)
-    train.fit(lambda t: _digits_loss(mlp, x, y, t), mlp_opt, range(digits_steps), desc="digits")
+    train.fit(train.digits_loss_at(mlp, x, y), mlp_opt, range(digits_steps), desc="digits")
     accuracy = train.accuracy(mlp, x_test, y_test)
     print(f"digits: {accuracy:.1%} of {len(y_test)} test images right after {digits_steps} steps")
     tokens, alphabet = train.encode(train.zen_text())
     model = train.CharTransformer(len(alphabet))
     opt = optim.Adam(list(model.parameters()), lr=3e-3)
-    losses = train.fit(lambda t: _text_loss(model, tokens, t), opt, range(text_steps), desc="zen")
+    losses = train.fit(train.text_loss_at(model, tokens), opt, range(text_steps), desc="zen")
     print(f"zen of python: loss {losses[0]:.2f} → {np.mean(losses[-20:]):.2f} (ln {len(alphabet)} = "
           f"{np.log(len(alphabet)):.2f} is guessing)")
     if out_dir is not None:
@@ -531,12 +531,3 @@ def train_demo(out_dir: str | None = "ag-plots", digits_steps: int = 500, text_s
             {"character-level transformer": losses}, path=path, title="A character-level transformer on the Zen of Python"))
     return {"accuracy": accuracy, "losses": losses}
 
-
-def _digits_loss(model, x, y, t: int) -> Tensor:
-    i = train.batch_indices(t, len(y), 64, 0)
-    return train.cross_entropy(model(Tensor(x[i])), y[i])
-
-
-def _text_loss(model, tokens, t: int) -> Tensor:
-    x, y = train.text_batch(tokens, t, 16, model.context, 0)
-    return train.cross_entropy(model(x), y)

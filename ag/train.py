@@ -119,6 +119,23 @@ def text_batch(tokens: np.ndarray, step: int, batch: int, context: int, seed: in
     return windows[:, :-1], windows[:, 1:].T.reshape(-1)
 
 
+def digits_loss_at(model: DigitsMLP, x: np.ndarray, y: np.ndarray, batch: int = 64,
+                   seed: int = 0) -> Callable[[int], Tensor]:
+    """The loss of step t on its batch of digits, as ``fit`` takes it."""
+    def loss_at(t: int) -> Tensor:
+        i = batch_indices(t, len(y), batch, seed)
+        return cross_entropy(model(Tensor(x[i])), y[i])
+    return loss_at
+
+
+def text_loss_at(model: CharTransformer, tokens: np.ndarray, batch: int = 16, seed: int = 0) -> Callable[[int], Tensor]:
+    """The loss of step t on its batch of windows of the text, as ``fit`` takes it."""
+    def loss_at(t: int) -> Tensor:
+        x, y = text_batch(tokens, t, batch, model.context, seed)
+        return cross_entropy(model(x), y)
+    return loss_at
+
+
 # ---- the loop ----
 
 def fit(loss_at: Callable[[int], Tensor], optimizer, steps: range, *, progress: bool = True,

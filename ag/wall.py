@@ -148,8 +148,11 @@ def _step(model: _GPT, tokens: np.ndarray, opt, timeline: list) -> tuple[int, in
     return after_forward, after_backward
 
 
-def wall(sizes: Sequence[tuple[int, int, int]] = ((2, 64, 4), (4, 96, 4), (6, 128, 8)),
-         batches: Sequence[int] = (1, 4), seq: int = 128, levers: Sequence[str | Lever] = ("mixed precision",),
+SIZES = ((1, 32, 2), (2, 48, 4), (3, 64, 4))  # (L, h, a) of ``ag demo wall``: small enough for 2 cores
+
+
+def wall(sizes: Sequence[tuple[int, int, int]] = SIZES,
+         batches: Sequence[int] = (1, 4), seq: int = 64, levers: Sequence[str | Lever] = ("mixed precision",),
          seed: int = 0) -> list[WallBar]:
     """Every (L, h, a) in ``sizes`` at every batch in ``batches``, first as is, then with each lever
     added in turn (each on top of the ones before), measured and predicted."""

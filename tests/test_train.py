@@ -15,13 +15,6 @@ def digits_or_skip():
     return train.load_digits_split()
 
 
-def digits_loss_at(model, x, y, batch: int = 64, seed: int = 0):
-    def loss_at(t):
-        i = train.batch_indices(t, len(y), batch, seed)
-        return train.cross_entropy(model(ag.Tensor(x[i])), y[i])
-    return loss_at
-
-
 # ---- digits ----
 
 @pytest.mark.slow
@@ -30,7 +23,7 @@ def test_an_mlp_learns_the_digits_to_95_percent_in_under_30_seconds():
     start = time.perf_counter()
     model = train.DigitsMLP()
     opt = ag.optim.Adam(list(model.parameters()), lr=1e-2)
-    train.fit(digits_loss_at(model, x_train, y_train), opt, range(500), progress=False)
+    train.fit(train.digits_loss_at(model, x_train, y_train), opt, range(500), progress=False)
     seconds = time.perf_counter() - start
     assert train.accuracy(model, x_test, y_test) >= 0.95
     assert seconds < 30, f"{seconds:.1f} s"
@@ -52,7 +45,7 @@ def test_the_mlp_loss_curve_matches_torch_from_the_same_weights(torch_or_skip):
     twins = [torch.tensor(p.value.copy(), requires_grad=True) for p in model.parameters()]
     opt = ag.optim.Adam(list(model.parameters()), lr=1e-2)
     torch_opt = torch.optim.Adam(twins, lr=1e-2)
-    losses = train.fit(digits_loss_at(model, x, y), opt, range(20), progress=False)
+    losses = train.fit(train.digits_loss_at(model, x, y), opt, range(20), progress=False)
     w1, b1, w2, b2 = twins
     for t in range(20):
         i = train.batch_indices(t, len(y), 64, 0)
@@ -73,13 +66,6 @@ def test_the_zen_of_python_is_read_without_printing_it(capsys):
 
 def small_transformer(alphabet: str):
     return train.CharTransformer(len(alphabet), context=16, hidden=32, heads=2, num_layers=2, seed=3)
-
-
-def text_loss_at(model, tokens, batch: int = 8, context: int = 16):
-    def loss_at(t):
-        x, y = train.text_batch(tokens, t, batch, context, seed=0)
-        return train.cross_entropy(model(x), y)
-    return loss_at
 
 
 def torch_transformer(torch, model):
@@ -119,7 +105,7 @@ def test_the_transformer_loss_curve_matches_torch_from_the_same_weights(torch_or
     forward, twins = torch_transformer(torch, model)
     opt = ag.optim.Adam(list(model.parameters()), lr=3e-3)
     torch_opt = torch.optim.Adam(twins, lr=3e-3)
-    losses = train.fit(text_loss_at(model, tokens), opt, range(5), progress=False)
+    losses = train.fit(train.text_loss_at(model, tokens, batch=8), opt, range(5), progress=False)
     for t in range(5):
         x, y = train.text_batch(tokens, t, 8, 16, seed=0)
         loss = torch.nn.functional.cross_entropy(forward(x), torch.tensor(y))
@@ -134,7 +120,7 @@ def test_the_transformer_loss_falls_on_the_zen_of_python():
     tokens, alphabet = train.encode(train.zen_text())
     model = small_transformer(alphabet)
     opt = ag.optim.Adam(list(model.parameters()), lr=1e-2)
-    losses = train.fit(text_loss_at(model, tokens), opt, range(60), progress=False)
+    losses = train.fit(train.text_loss_at(model, tokens, batch=8), opt, range(60), progress=False)
     assert losses[0] == pytest.approx(np.log(len(alphabet)), rel=0.05)  # uniform guesses at the start
     assert np.mean(losses[-10:]) < losses[0] - 0.8
 
@@ -184,7 +170,7 @@ def mlp_run(rng_seed: int):
     x, y = rng.standard_normal((200, 64)).astype(np.float32), rng.integers(0, 10, 200)
     model = train.DigitsMLP(hidden=16, seed=rng_seed)
     opt = ag.optim.Adam(list(model.parameters()), lr=1e-2)
-    return model, opt, digits_loss_at(model, x, y, batch=32)
+    return model, opt, train.digits_loss_at(model, x, y, batch=32)
 
 
 def test_a_run_resumed_from_a_checkpoint_equals_an_unbroken_run_bit_for_bit(tmp_path):
