@@ -80,12 +80,7 @@ class MixedPrecision:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the 16-bit grads (the master copies hold none between steps)."""
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.fill(0)
-        trace.record("optimizer step", "zero_grad", None)
+        optim.zero_grads(self.params, set_to_none)
 
     def state_bytes(self) -> int:
         """The float32 master copies and the optimizer's state: 12 bytes a parameter with Adam."""

@@ -71,12 +71,7 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every parameter's grad (``set_to_none=True``), or fill it with zeros in place."""
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.fill(0)
-        trace.record("optimizer step", "zero_grad", None)
+        zero_grads(self.params, set_to_none)
 
     def named_state(self) -> Iterator[tuple[Tensor, str, np.ndarray]]:
         """(parameter, name, array) for every state array held, e.g. (w, "exp_avg", m)."""
@@ -205,6 +200,16 @@ class AdamW(Adam):
     def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def zero_grads(params: Iterable[Tensor], set_to_none: bool = True) -> None:
+    """``zero_grad`` of any optimizer: free each grad, or fill it with zeros; tracing sees the step."""
+    for p in params:
+        if set_to_none:
+            p.grad = None
+        elif p.grad is not None:
+            p.grad.fill(0)
+    trace.record("optimizer step", "zero_grad", None)
 
 
 # ---- checking what an optimizer is given ----
