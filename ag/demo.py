@@ -506,7 +506,7 @@ def wall_demo(out_dir: str | None = "ag-plots", levers=("mixed precision",), **s
     print(f"\n{exact} of {len(bars)} bars equal their formula to the byte in every slice.")
     if out_dir is not None:
         _save_plot(out_dir, "memory_wall.png", lambda plot, path: plot.memory_wall(
-            [(bar.label, bar.measured, bar.predicted) for bar in bars], path=path,
+            [(bar.short_label, bar.measured, bar.predicted) for bar in bars], path=path,
             title="The whole wall: one training step by slice (ticks: formula)"))
     return bars
 

@@ -79,6 +79,12 @@ class WallBar:
         c = self.config
         return f"L={c.num_layers} h={c.hidden} s={c.seq} b={c.batch}" + "".join(f" +{n}" for n in self.levers)
 
+    @property
+    def short_label(self) -> str:
+        """The label in lines for a bar's foot: "L=2 h=48", "b=4", then "+mixed" for each lever."""
+        c = self.config
+        return "\n".join([f"L={c.num_layers} h={c.hidden}", f"b={c.batch}", *(f"+{n.split()[0]}" for n in self.levers)])
+
 
 def parameter_count(c: WallConfig) -> int:
     """Ψ = vh + L(12h² + 13h): the embedding, and per layer QKV, out-projection, MLP (4h) and two LayerNorms."""

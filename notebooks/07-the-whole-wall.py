@@ -107,8 +107,8 @@ for step in range(6):
 # ## The wall of a GPT-like model, measured beside its formulas
 
 # %%
-bars = demo.wall_demo(None, sizes=((1, 32, 2), (2, 48, 4)), batches=(1, 4), seq=32)
-show(ag.plot.memory_wall([(bar.label, bar.measured, bar.predicted) for bar in bars]))
+bars = demo.wall_demo(None, sizes=((1, 32, 2), (2, 32, 2)), batches=(1, 4), seq=32)
+show(ag.plot.memory_wall([(bar.short_label, bar.measured, bar.predicted) for bar in bars]))
 
 # %% [markdown]
 # ## Trained on real data: the digits

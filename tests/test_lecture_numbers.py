@@ -9,7 +9,7 @@ import ag
 from ag import demo
 
 
-def test_float64_1000x1000_array_holds_8_ag.trace.MBof_data_plus_a_small_header():
+def test_float64_1000x1000_array_holds_8_MB_of_data_plus_a_small_header():
     a = np.zeros((1000, 1000))
     assert a.nbytes == 8_000_000
     assert 0 < sys.getsizeof(a) - a.nbytes <= 200
@@ -25,7 +25,7 @@ def test_tracing_with_b_set_to_none_prints_8_MB(capsys):
     assert capsys.readouterr().out == "memory allocated: 8 MB\n"
 
 
-def test_eager_grads_add_64_ag.trace.MBper_layer_at_batch_4000():
+def test_eager_grads_add_64_MB_per_layer_at_batch_4000():
     run = demo.matmul_chain(4000, 3, eager=True)
     assert [s.allocated_mb for s in run.forward] == [64, 128, 192]
     assert [s.allocated_bytes for s in run.forward] == [64_000_000 * k for k in (1, 2, 3)]

@@ -442,7 +442,7 @@ def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, i
 def memory_wall(bars: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]], *,
                 title: str = "One training step, by slice", path: str | None = None):
     """The wall as stacked bars, one per (label, measured, predicted) with bytes by slice; a black
-    tick beside each slice marks the formula's prediction of its top."""
+    tick beside each slice marks the formula's prediction of its top. Labels are short, in lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=SLIDE)
     slices = list(bars[0][1])
@@ -456,7 +456,7 @@ def memory_wall(bars: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]]
             predicted_bottom += predicted[name] / MB
             ax.plot([i + 0.32, i + 0.42], [predicted_bottom] * 2, color=OKABE_ITO["black"], linewidth=2,
                     label="formula" if i == 0 and name == slices[-1] else None)
-    ax.set_xticks(range(len(bars)), [textwrap.fill(label, 9) for label, _, _ in bars], fontsize=9)
+    ax.set_xticks(range(len(bars)), [label for label, _, _ in bars], fontsize=10)
     ax.set_ylabel("bytes alive (MB)")
     ax.set_title(title)
     _outside_legend(ax)
@@ -474,5 +474,5 @@ def loss_curves(series: Mapping[str, Sequence[float]], *, title: str = "Training
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss (nats)")
     ax.set_title(title)
-    _outside_legend(ax)
+    ax.legend(loc="upper right")  # a falling loss leaves the upper right empty
     return _save(fig, path)
