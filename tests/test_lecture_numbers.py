@@ -86,7 +86,7 @@ def _note_7() -> str:
 
 def test_note_7s_snippets_print_what_the_note_quotes_under_them(capsys):
     import re
-    pairs = re.findall(r"```python\n(.*?)```\n\n((?:    .*\n)+)", _note_7(), re.S)
+    pairs = re.findall(r"```python\n(.*?)```\n\n((?:    [^\n]*\n)+)", _note_7(), re.S)
     assert len(pairs) == 4
     namespace = {}
     for number, (code, quoted) in enumerate(pairs, 1):
