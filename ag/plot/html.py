@@ -1,8 +1,9 @@
 """An interactive memory timeline in one HTML file that opens offline (needs the ``plot`` extra: bokeh).
 
 ``memory_html`` draws what ``ag.trace.tracing()`` recorded, never measures. Each buffer alive after
-an op or a backward step is a band of its own, stacked by category (inputs at the bottom, gradients
-on top) as in PyTorch's memory_viz "active memory timeline"; hovering a band names the tensor, the
+an op, a backward step or an optimizer step is a band of its own, stacked by category (inputs at the
+bottom, then parameters, activations, gradients, optimizer state, and temporaries on top) as in
+PyTorch's memory_viz "active memory timeline"; hovering a band names the tensor, the
 op that made it and the phase. tracemalloc's count of NumPy's bytes is the line over the bands.
 BokehJS is inlined in the file, so it needs no network in a lecture hall.
 """
