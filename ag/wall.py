@@ -81,9 +81,9 @@ class WallBar:
 
     @property
     def short_label(self) -> str:
-        """The label in lines for a bar's foot: "L=2 h=48", "b=4", then "+mixed" for each lever."""
+        """The label in lines for a bar's foot: "L=2", "h=48", "b=4", then "+mixed" for each lever."""
         c = self.config
-        return "\n".join([f"L={c.num_layers} h={c.hidden}", f"b={c.batch}", *(f"+{n.split()[0]}" for n in self.levers)])
+        return "\n".join([f"L={c.num_layers}", f"h={c.hidden}", f"b={c.batch}", *(f"+{n.split()[0]}" for n in self.levers)])
 
 
 def parameter_count(c: WallConfig) -> int:
