@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from ..attention.backward import tiled_backward
+from ..attention.forward import tiled_forward
 from ..attention.shapes import Heads
 from ..attention.tiles import forward_outputs
 from . import sharing
@@ -22,9 +24,11 @@ DEFAULT_BLOCK_Q_FORWARD_UNMASKED = 512
 DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
 
 
-def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None):
-    """Forward and backward on NumPy: ``fixed_shift_forward`` and ``base2_backward`` over one call's
-    tiles, run by run (some key/value heads each) on the lab's ``workers()`` threads."""
+def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None, paper: bool = False):
+    """Forward and backward on NumPy: ``fixed_shift_forward`` and ``base2_backward`` (with ``paper``,
+    the paper's ``tiled_forward`` and ``tiled_backward``) over one call's tiles, run by run (some
+    key/value heads each) on the lab's ``workers()`` threads."""
+    forward_loop, backward_loop = (tiled_forward, tiled_backward) if paper else (fixed_shift_forward, base2_backward)
     tiles = LabTiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K)
     forward_tiles = tiles
     if not causal and None in (block_q, block_k):
@@ -38,22 +42,22 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
         o, lse = forward_outputs(q, k, v)  # each run fills its rows of O and L in place
 
         def run_loop(own: LabTiles, run: sharing.Run) -> None:
-            fixed_shift_forward(own if run.rows is None else own.for_rows(*run.rows), run.part(q, g, queries=True),
-                                run.part(k), run.part(v),
-                                out=(run.part(o, g, queries=True), run.part(lse, g, axis=-2, queries=True)))
+            forward_loop(own if run.rows is None else own.for_rows(*run.rows), run.part(q, g, queries=True),
+                         run.part(k), run.part(v),
+                         out=(run.part(o, g, queries=True), run.part(lse, g, axis=-2, queries=True)))
         runs, own = _shared_out(forward_tiles, o.dtype, threads, by_query_tile=True)
         for t in own:  # on the caller's thread, before the loops
             t.reserve_scores(o.dtype)
         _each_run(runs, own, run_loop, hold_blas=asked > 1)
-        forward_tiles.count_products(2, keys=forward_tiles.key_slices)  # S = QKᵀ, PV
+        forward_tiles.count_products(2, keys=None if paper else forward_tiles.key_slices)  # S = QKᵀ, PV
         return o, lse
 
     def backward(q, k, v, o, lse, do):
         grads = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)  # each run adds into its heads' share
 
         def run_loop(own: LabTiles, run: sharing.Run) -> None:
-            base2_backward(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g), run.part(lse, g, axis=-2),
-                           run.part(do, g), grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
+            backward_loop(own, run.part(q, g), run.part(k), run.part(v), run.part(o, g), run.part(lse, g, axis=-2),
+                          run.part(do, g), grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
         # each thread allocates its S buffer in its first loop, once D's temporary is gone
         _each_run(*_shared_out(tiles, q.dtype, threads), run_loop, hold_blas=asked > 1)
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
