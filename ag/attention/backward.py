@@ -10,9 +10,9 @@ from .tiles import Tiles, group_sum
 def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
-    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
-    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
-    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
+    dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
+    at the end. The grads are allocated in the inputs' own shapes, so they can become the inputs'
+    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
@@ -27,8 +27,8 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
         for q_start in tiles.query_tiles(k_start):
             rows = slice(q_start, q_start + tiles.block_q)
-            q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
-            s = tiles.scores(q_i, k_j, q_start, k_start)
+            q_i, do_i = qg[..., rows, :], dog[..., rows, :]
+            s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
             s -= lse_g[..., rows, :]
             p = tiles.exp(s)
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
@@ -38,6 +38,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             dqg[..., rows, :] += np.matmul(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     ### END SOLUTION
-    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
+    dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile
+    dk *= dk.dtype.type(tiles.scale)
     return dq, dk, dv
 

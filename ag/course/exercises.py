@@ -111,11 +111,12 @@ EXERCISES = (
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
-        "tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) = scale * Q_i, "
-        "recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV += P^T dO, "
-        "dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg and dvg "
-        "(dq is multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the "
-        "group axis -3). flash_attention runs your loop.",
+        "tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from "
+        "tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile, "
+        "scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D), "
+        "dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale "
+        "once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). "
+        "flash_attention runs your loop.",
         (("attention.backward", "tiled_backward"),),
         "import numpy as np\n\nfrom ag.attention.tiles import Tiles, group_sum",
         "import numpy as np\nimport ag\nfrom ag import course\n"
