@@ -53,6 +53,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
             ds -= d_row[..., rows, :]
             ds *= p
+            ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
             dqg[..., rows, :] += np.matmul(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile

@@ -34,14 +34,15 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
         if size is not None:
             check_block("flash_attention", name, size)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
-    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
-    if _backend(backend, tq) == "cupy":
+    values = [x.value if isinstance(x, Tensor) else x if hasattr(x, "shape") else np.asarray(x) for x in (q, k, v)]
+    if _backend(backend, values[0]) == "cupy":
         forward, backward = _cupy_passes(causal, scale)
     else:
-        forward, backward = _numpy_passes(tq, tk, tv, causal, scale, block_q, block_k)
-    o, lse = forward(tq.value, tk.value, tv.value)
+        forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k)
+    o, lse = forward(*values)
     if not tensors:
         return (o, lse) if return_lse else o
+    tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
 
     def _backward(out: Tensor, saved: Saved) -> None:
         dq, dk, dv = backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
@@ -74,16 +75,16 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
     return forward, backward
 
 
-def _numpy_passes(tq: Tensor, tk: Tensor, tv: Tensor, causal, scale, block_q: int | None, block_k: int | None):
+def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None):
     """The passes in the seam ``flash_passes`` (``tiled_passes``, or the lab's), run on the inputs
     in their statistics dtype (``statistics_dtype``), the outputs and grads cast back."""
-    if any(array_module(t.value) is not np for t in (tq, tk, tv)):
+    if any(array_module(x) is not np for x in (q, k, v)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
-                        f"{', '.join(sorted({type(t.value).__module__ for t in (tq, tk, tv)}))} arrays; use "
+                        f"{', '.join(sorted({type(x).__module__ for x in (q, k, v)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
-    heads = check_shapes("flash_attention", tq, tk, tv)
+    heads = check_shapes("flash_attention", q, k, v)
     forward, backward = KERNELS.flash_passes(heads, causal, softmax_scale(scale, heads.d), block_q, block_k)
-    wide = statistics_dtype(np.result_type(tq.value, tk.value, tv.value))
+    wide = statistics_dtype(np.result_type(q, k, v))
 
     def wide_forward(q, k, v):
         o, lse = forward(*(x.astype(wide, copy=False) for x in (q, k, v)))
@@ -127,9 +128,9 @@ def _cupy_passes(causal, scale):
     return forward, backward
 
 
-def _backend(backend: str, q: Tensor) -> str:
+def _backend(backend: str, q) -> str:
     if backend == "auto":
-        return "cupy" if type(q.value).__module__.startswith("cupy") else "numpy"
+        return "cupy" if type(q).__module__.startswith("cupy") else "numpy"
     if backend not in ("numpy", "cupy"):
         raise ValueError(f"flash_attention: backend must be 'numpy', 'cupy' or 'auto', got {backend!r}")
     return backend
