@@ -18,7 +18,9 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO â
 One concept a module:
 
 - ``shapes``: the checks, the causal mask and the scale every path shares;
-- ``naive``: ``naive_attention``, S and P in memory, autograd through the engine;
+- ``dropout``: Philox4x32-10 in NumPy and ``keep_mask``, dropout's mask as a pure function of a seed;
+- ``variants``: FlashAttention's ``window_size``, ``softcap``, ``alibi_slopes`` and ``dropout_p``, by (row, col);
+- ``naive``: ``naive_attention``, S and P in memory, autograd through the engine, every variant's reference;
 - ``online``: the online softmax's block merge (exercise 3);
 - ``tiles``: one tiled call's tiles and the arithmetic both loops share (``Tiles``);
 - ``forward``: Algorithm 1, ``tiled_forward`` (exercise 4) and ``fixed_shift_forward``;
