@@ -12,7 +12,7 @@ offset = 0 for ``causal=True`` ("top_left", SDPA's is_causal) and offset = Nk âˆ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +36,14 @@ class Variants:
     slopes: np.ndarray | None = None
     dropout_p: float = 0.0
     seed: int = 0
+    top_left: bool = False
+
+    def for_entry(self, index: tuple[int, ...], n_k: int) -> Variants:
+        """These variants for batch entry ``index`` alone, which has ``n_k`` keys (a KV cache's
+        length, a packed sequence's): its slopes, and its diagonal moved to its own last key."""
+        slopes = self.slopes[index] if self.slopes is not None and self.slopes.ndim > 1 else self.slopes
+        offset = 0 if self.top_left else n_k - self.n_q
+        return replace(self, n_k=n_k, offset=offset, slopes=slopes)
 
     def visible(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
         """Bool (rows, cols): may query rows[i] see key cols[j]? None when every key is visible:
@@ -59,6 +67,19 @@ class Variants:
         distance = np.abs(np.asarray(rows)[:, None] + self.offset - np.asarray(cols)[None, :])
         return (-self.slopes[..., None, None] * distance).astype(dtype)
 
+    def scores(self, s: np.ndarray, rows: np.ndarray, cols: np.ndarray, h_kv: int) -> np.ndarray:
+        """Grouped scores S (..., Hkv, G, rows, cols) of queries ``rows`` against keys ``cols``,
+        softcapped, masked and biased: a tile's or a split's share of ``naive``'s S."""
+        if self.softcap:
+            s = np.tanh(s / self.softcap) * s.dtype.type(self.softcap)
+        visible = self.visible(rows, cols)
+        if visible is not None:
+            s = np.where(visible, s, s.dtype.type(-np.inf))
+        bias = self.bias(rows, cols, s.dtype)
+        if bias is not None:
+            s = s + bias.reshape(bias.shape[:-3] + (h_kv, -1) + bias.shape[-2:])
+        return s
+
     def keep(self, bh, rows: np.ndarray, cols: np.ndarray, dtype) -> np.ndarray | None:
         """Dropout's kept entries times 1 / (1 âˆ’ p) (``dropout.keep_mask``); None without dropout."""
         if self.dropout_p == 0:
@@ -80,9 +101,9 @@ def variants(op: str, heads: Heads, causal=False, window_size=(UNBOUNDED, UNBOUN
     if dropout_p and seed is None:
         raise ValueError(f"{op}: dropout_p = {dropout_p} needs a seed (an integer), so that backward "
                          "draws the same mask again")
-    offset = 0 if causal in (True, "top_left") else heads.n_k - heads.n_q
-    return Variants(heads.n_q, heads.n_k, offset, (left, right), float(softcap),
-                    check_slopes(op, alibi_slopes, heads), float(dropout_p), check_seed(seed or 0))
+    top_left = causal in (True, "top_left")
+    return Variants(heads.n_q, heads.n_k, 0 if top_left else heads.n_k - heads.n_q, (left, right), float(softcap),
+                    check_slopes(op, alibi_slopes, heads), float(dropout_p), check_seed(seed or 0), top_left)
 
 
 def check_window(op: str, window_size) -> tuple[int, int]:
