@@ -83,7 +83,9 @@ def merge_splits(o_parts: list, lse_parts: list, shape: tuple) -> tuple[np.ndarr
     total = np.sum(weights, axis=0)
     with np.errstate(divide="ignore"):
         lse = top + np.log(total)
-    o = np.sum(weights[..., None] * np.stack(o_parts), axis=0)
+    o = np.zeros_like(o_parts[0])
+    for w, part in zip(weights, o_parts):  # one split at a time: no stack of every split's O
+        o += w[..., None] * part
     np.divide(o, total[..., None], out=o, where=total[..., None] != 0)
     return o, lse
 
