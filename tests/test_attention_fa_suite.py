@@ -14,7 +14,7 @@ By default a representative subset runs (every pair family, head dims at both en
 import importlib
 import itertools
 import os
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -27,7 +27,16 @@ torch = (pytest.importorskip("torch") if os.environ.get("AG_REQUIRE_TORCH") is N
 from attention_ref import attention_ref  # noqa: E402 -- needs torch
 
 FULL = os.environ.get("AG_FULL_GRID") == "1"
-PATHS = {"flash": flash_attention, "running": partial(flash_attention, shift="running"), "naive": naive_attention}
+
+
+def lab_flash(q, k, v, **options):
+    """flash_attention with the lab on (its fixed shift, base-2 backward and threads); the backward
+    it returns is the lab's too."""
+    with ag.lab.on():
+        return flash_attention(q, k, v, **options)
+
+
+PATHS = {"flash": flash_attention, "lab": lab_flash, "naive": naive_attention}
 HEAD_DIMS = [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256]
 FA2_PAIRS = [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
              (1024, 1023), (2048, 2048)]
@@ -133,7 +142,7 @@ def case_id(case) -> str:
     return f"{n_q}x{n_k}-d{d}-{sharing}-{causal}-{np.dtype(dtype).name}"
 
 
-@pytest.mark.parametrize("path", ["flash", "running", "naive"] if not FULL else ["flash"])
+@pytest.mark.parametrize("path", ["flash", "lab", "naive"] if not FULL else ["flash"])
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xdist_group(case_id(c)), id=case_id(c))
                                   for c in CASES])
 def test_forward_and_backward_are_within_twice_torchs_own_error(case, path):
@@ -146,7 +155,7 @@ OVERFLOW = [(s, d, c) for s in (97, 128, 200, 256) for d in (64, 128) for c in (
     [(5, 64, False), (97, 64, True)]
 
 
-@pytest.mark.parametrize("path", ["flash", "running"])
+@pytest.mark.parametrize("path", ["flash", "lab"])
 @pytest.mark.parametrize("seqlen, d, causal", OVERFLOW)
 def test_bwd_overflow_large_scores_keep_float16_grads_within_the_rule(seqlen, d, causal, path):
     """FA2's bwd_overflow: q · 5 and k, v · 3, so that e^S overflows float16 unless shifted."""
@@ -194,7 +203,7 @@ def longdouble_attention(q, k, v, do, causal):
 
 @pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps,
                     reason="this platform's long double is no wider than float64")
-@pytest.mark.parametrize("path", ["flash", "running", "naive"])
+@pytest.mark.parametrize("path", ["flash", "lab", "naive"])
 @pytest.mark.parametrize("n_q, n_k, d, sharing, causal", [
     (1, 1, 32, "mha", False), (7, 33, 59, "gqa", True), (33, 7, 16, "mqa", "bottom_right"),
     (64, 64, 64, "mha", True), (113, 60, 111, "gqa", False)])
@@ -209,7 +218,7 @@ def test_float64_is_within_twice_torchs_error_against_long_double(n_q, n_k, d, s
 
 # ---- one visible key: the answer is exact ----
 
-@pytest.mark.parametrize("path", ["flash", "running", "naive"])
+@pytest.mark.parametrize("path", ["flash", "lab", "naive"])
 @pytest.mark.parametrize("dtype", [F16, F32, np.float64])
 def test_a_single_key_gives_its_value_exactly_and_zero_query_and_key_grads(dtype, path):
     q, k, v, do = inputs(239, 1, 64, "gqa", dtype, seed=5)
@@ -218,7 +227,7 @@ def test_a_single_key_gives_its_value_exactly_and_zero_query_and_key_grads(dtype
     assert not dq.any() and not dk.any()
 
 
-@pytest.mark.parametrize("path", ["flash", "running", "naive"])
+@pytest.mark.parametrize("path", ["flash", "lab", "naive"])
 @pytest.mark.parametrize("dtype", [F16, F32, np.float64])
 def test_a_causal_row_that_sees_one_key_gives_its_value_exactly(dtype, path):
     q, k, v, do = inputs(1, 239, 59, "mqa", dtype, seed=6)  # top left: query 0 sees key 0 alone

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..lab.threads import blas_threads, cores, have_threadpoolctl
+from .threads import blas_threads, cores, have_threadpoolctl
 
 # A run's score tiles stay in a core's cache: one head's forward a run; the backward's 256 × 256 tiles make runs of two.
 SCORE_TILE_BYTES = 512 * 1024
