@@ -10,6 +10,8 @@ import pytest
 import ag
 from ag.attention import flash_attention, naive_attention
 from ag.attention.decode import flash_decode
+from ag.attention.shapes import Heads
+from ag.attention.variants import variants
 from ag.attention.varlen import flash_attn_varlen
 
 torch = (pytest.importorskip("torch") if os.environ.get("AG_REQUIRE_TORCH") is None
@@ -152,3 +154,24 @@ def test_packed_lengths_that_do_not_add_up_are_named(cu_q, cu_k, match):
     q, k, v = packed()
     with pytest.raises(ValueError, match=match):
         flash_attn_varlen(q, k, v, cu_q, cu_k)
+
+
+def test_flash_decode_with_a_window_never_reads_the_keys_outside_it():
+    q, k, v = cache(2, 4, 2, 1, 4096, 16, seed=7)
+    k[..., :4096 - 65, :] = np.nan  # a read of any key outside the window would make O NaN
+    v[..., :4096 - 65, :] = np.nan
+    got = flash_decode(q, k, v, window_size=(64, 0), num_splits=3)
+    want = naive_attention(q, k[..., -65:, :], v[..., -65:, :])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("window_size", [(-1, -1), (0, 0), (5, -1), (-1, 3), (7, 2)])
+def test_a_windows_key_range_holds_every_visible_key_and_no_row_outside_it_sees_one(window_size, causal):
+    extra = variants("test", Heads((), 1, 1, 20, 33, 8), causal, window_size)
+    for first, stop in [(0, 20), (3, 9), (19, 20)]:
+        lo, hi = extra.key_range(first, stop)
+        visible = extra.visible(np.arange(first, stop), np.arange(33))
+        seen = np.flatnonzero(visible.any(axis=0)) if visible is not None else np.arange(33)
+        assert seen.size == 0 or (lo <= seen.min() and seen.max() < hi)
+        assert seen.size == 0 or (lo == seen.min() and hi == seen.max() + 1)

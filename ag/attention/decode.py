@@ -53,14 +53,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits: int | N
 
 
 def decode_entry(q, k, v, extra: Variants, scale: float, splits: int) -> tuple[np.ndarray, np.ndarray]:
-    """One batch entry: q (H, Nq, d) against its keys k (Hkv, n, d) and v (Hkv, n, dv), split in
-    ``splits`` chunks, each a ``softmax_block``; returns O (H, Nq, dv) and lse (H, Nq)."""
-    h_kv, n = k.shape[0], k.shape[1]
+    """One batch entry: q (H, Nq, d) against its keys k (Hkv, n, d) and v (Hkv, n, dv): the keys its
+    rows may see split in ``splits`` chunks, each a ``softmax_block``; returns O (H, Nq, dv) and lse (H, Nq)."""
+    h_kv = k.shape[0]
     qg = q.reshape((h_kv, -1) + q.shape[1:]) * q.dtype.type(scale)  # (Hkv, G, Nq, d): a group shares K and V
-    rows, size = np.arange(q.shape[1]), -(-n // splits) if n else 0
+    rows = np.arange(q.shape[1])
+    lo, hi = extra.key_range(0, q.shape[1])  # a window reads only its own keys of the cache
+    size = -(-(hi - lo) // splits) if hi > lo else 1
     o_parts, lse_parts = [], []
-    for start in range(0, n, size or 1):
-        split = slice(start, min(start + size, n))
+    for start in range(lo, hi, size):
+        split = slice(start, min(start + size, hi))
         k_s, v_s = k[:, None, split], v[:, None, split]  # views of the cache: nothing copied
         s = extra.scores(np.matmul(qg, np.swapaxes(k_s, -1, -2)), rows, np.arange(split.start, split.stop), h_kv)
         part = softmax_block(s, v_s)

@@ -60,6 +60,14 @@ class Variants:
             seen &= cols <= diagonal + right
         return seen
 
+    def key_range(self, first_row: int, stop_row: int) -> tuple[int, int]:
+        """The keys [lo, hi) that queries first_row..stop_row − 1 may see: outside it a window or the
+        causal mask hides every key, so a loop over keys need not read them (linear work for a window)."""
+        left, right = self.window
+        lo = max(0, first_row + self.offset - left) if left >= 0 else 0
+        hi = min(self.n_k, stop_row - 1 + self.offset + right + 1) if right >= 0 else self.n_k
+        return lo, max(lo, hi)
+
     def bias(self, rows: np.ndarray, cols: np.ndarray, dtype) -> np.ndarray | None:
         """ALiBi's bias, −slope · |i + offset − j|, shape slopes.shape + (rows, cols); None without."""
         if self.slopes is None:
