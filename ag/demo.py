@@ -290,7 +290,6 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
     rng = np.random.default_rng(seed)
     xp = np if device == "cpu" else trace.device_module(device)
     backend = "numpy" if device == "cpu" else "cupy"
-    # flash on one worker: each further one holds tiles of its own, and the table would follow the cores
     flash_options = {"backend": backend}
     # one untraced call of each first: flash's first call imports and sets up its threads'
     # control (threadpoolctl, 0.25 MB of Python objects), which is not attention's memory
