@@ -32,6 +32,8 @@ The three contestants:
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
    alone on one thread as ag writes it, on the heads one run holds, and with the in-place form
    next to it, scaled to a whole pass.
+5. Variants and decoding against torch SDPA (``attention_variants.py``): window, softcap, ALiBi and
+   dropout steps, dropout's stored mask in bytes, and ``flash_decode``'s bandwidth on decode shapes.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
+import attention_variants  # noqa: E402
 
 MB = 10**6
 B, H, D = 1, 8, 64
@@ -739,7 +742,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--anatomy-number", type=int, default=10)
     parser.add_argument("--classroom", action="store_true",
                         help="time the classroom path (the paper's loops, one thread); default: the lab's (ag.lab)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy,variants")
     parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.heads < 1:
@@ -787,7 +790,8 @@ def main() -> None:
 
     parts = {"sweep": lambda: tile_sweep(args, (attention.DEFAULT_BLOCK_Q, attention.DEFAULT_BLOCK_K)),
              "time": lambda: time_tables(args, blocks), "memory": lambda: memory_tables(args, blocks),
-             "anatomy": lambda: anatomy(args.anatomy_n, blocks, args.anatomy_number)}
+             "anatomy": lambda: anatomy(args.anatomy_n, blocks, args.anatomy_number),
+             "variants": lambda: attention_variants.main(args.quick)}
     took = {}
     for name, part in parts.items():
         if name not in skip:
