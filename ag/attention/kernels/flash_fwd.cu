@@ -30,8 +30,7 @@ constexpr int THREADS = TX * TY;
 constexpr int ROWS = BLOCK_Q / TY;            // query rows per thread: ty * ROWS + r
 constexpr int COLS = BLOCK_K / TX;            // keys per thread: tx + c * TX
 constexpr int D = (HEAD_DIM + 15) / 16 * 16;  // head dim padded with zeros to a multiple of 16
-constexpr int DCOLS = D / TX;                 // output columns per thread, W side by side (out_col)
-constexpr int W = DCOLS % 4 == 0 ? 4 : DCOLS % 2 == 0 ? 2 : 1;  // floats a thread reads at once from a row of V
+constexpr int DCOLS = D / TX;                 // output columns per thread: tx + e * TX
 constexpr int STRIDE = D + 4;                 // floats per shared row, padded: float4 reads down a column are conflict-free
 constexpr int P_STRIDE = BLOCK_K + 4;
 static_assert(BLOCK_K % TX == 0 && BLOCK_K % 4 == 0, "flash_fwd.cu: a K/V tile is whole columns of threads");
@@ -56,27 +55,6 @@ __device__ __forceinline__ float row_sum(float x) {
 __device__ __forceinline__ float dot4_add(float acc, float4 a, float4 b) {
     return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
-
-// This thread's e-th output column: groups of W columns, the 16 threads' groups side by side
-__device__ __forceinline__ int out_col(int tx, int e) { return (e / W) * TX * W + tx * W + e % W; }
-
-// x[e] = row[out_col(tx, e)]: this thread's columns of one row of V, W floats a load
-__device__ __forceinline__ void load_row(float (&x)[DCOLS], const float* row, int tx) {
-    for (int g = 0; g < DCOLS / W; ++g) {
-        const float* src = row + g * TX * W + tx * W;
-        if constexpr (W == 4) {
-            float4 t = *reinterpret_cast<const float4*>(src);
-            x[4 * g] = t.x, x[4 * g + 1] = t.y, x[4 * g + 2] = t.z, x[4 * g + 3] = t.w;
-        } else if constexpr (W == 2) {
-            float2 t = *reinterpret_cast<const float2*>(src);
-            x[2 * g] = t.x, x[2 * g + 1] = t.y;
-        } else {
-            x[g] = src[0];
-        }
-    }
-}
-
-__device__ __forceinline__ float component(float4 x, int j) { return j == 0 ? x.x : j == 1 ? x.y : j == 2 ? x.z : x.w; }
 
 // May query row `row` see key `col`? (causal: 0 none, 1 top-left, 2 bottom-right)
 __device__ __forceinline__ bool visible(int row, int col, int n_k, int causal, int offset) {
@@ -181,15 +159,14 @@ flash_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const fl
         }
         __syncwarp();  // a row of P is written and read by the same half-warp
 
-        for (int kk = 0; kk < BLOCK_K; kk += 4) {  // acc += P_ij V_j, four keys at a time
+        for (int kk = 0; kk < BLOCK_K; kk += 4) {  // acc += P_ij V_j
             float4 p4[ROWS];
             for (int r = 0; r < ROWS; ++r)
                 p4[r] = *reinterpret_cast<const float4*>(p_s + (ty * ROWS + r) * P_STRIDE + kk);
-            for (int j = 0; j < 4; ++j) {
-                float v_row[DCOLS];
-                load_row(v_row, v_s + (kk + j) * STRIDE, tx);
-                for (int r = 0; r < ROWS; ++r)
-                    for (int e = 0; e < DCOLS; ++e) acc[r][e] = fmaf(component(p4[r], j), v_row[e], acc[r][e]);
+            for (int e = 0; e < DCOLS; ++e) {
+                const float* v_col = v_s + kk * STRIDE + tx + e * TX;
+                float4 v4 = make_float4(v_col[0], v_col[STRIDE], v_col[2 * STRIDE], v_col[3 * STRIDE]);
+                for (int r = 0; r < ROWS; ++r) acc[r][e] = dot4_add(acc[r][e], p4[r], v4);
             }
         }
     }
@@ -198,7 +175,7 @@ flash_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const fl
         int row = q_start + ty * ROWS + r;
         if (row >= n_q) continue;
         for (int e = 0; e < DCOLS; ++e) {
-            int col = out_col(tx, e);
+            int col = tx + e * TX;
             if (col < HEAD_DIM) o[(long long)row * HEAD_DIM + col] = l_i[r] != 0.f ? acc[r][e] / l_i[r] : 0.f;  // 0: saw nothing; NaN stays NaN
         }
         if (tx == 0) lse[row] = m_i[r] + logf(l_i[r]);  // -inf + log 0 = -inf for a row that saw nothing
