@@ -57,6 +57,7 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.lab import flash as lab_flash, flash_tiles, sharing  # noqa: E402
+from ag.ops import kernels  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
@@ -742,6 +743,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--anatomy-number", type=int, default=10)
     parser.add_argument("--classroom", action="store_true",
                         help="time the classroom path (the paper's loops, one thread); default: the lab's (ag.lab)")
+    parser.add_argument("--fixed-shift", action="store_true",
+                        help="the lab with its fixed shift and base-2 backward (ag.lab.flash.fixed_shift_passes)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy,variants")
     parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -770,6 +773,8 @@ def main() -> None:
     if not args.classroom:  # the memory workers, started later, inherit AG_LAB
         os.environ["AG_LAB"] = "1"
         ag.lab.enable()
+        if args.fixed_shift:
+            kernels.swap({"flash_passes": lab_flash.fixed_shift_passes})
     if args.memory_worker:
         framework, n, causal = args.memory_worker
         print(json.dumps(memory_worker(framework, int(n), bool(int(causal)), blocks)))

@@ -43,7 +43,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
         q_i = tiles.scaled_queries(qg, rows)
         m_i = np.full(q_i.shape[:-1] + (1,), -np.inf, dtype=dtype)
         l_i = np.zeros_like(m_i)
-        acc = np.zeros(q_i.shape, dtype=dtype)
+        acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=dtype)
         for k_start in tiles.key_tiles(q_start, q_start + q_i.shape[-2]):
             cols = slice(k_start, k_start + tiles.block_k)
             s = tiles.scores(q_i, kg[..., cols, :], q_start, k_start)

@@ -1,6 +1,5 @@
 """The lab's ``flash_attention`` on NumPy (``ag.lab.flash``): its runs of heads shared among threads
 with the same bits for any number of workers, its tiles, and its exp that flushes subnormals."""
-import functools
 import threading
 from types import SimpleNamespace
 
@@ -23,13 +22,13 @@ attention = SimpleNamespace(fixed_shift_forward=flash_loops.fixed_shift_forward,
 
 
 def lab_flash(*args, workers=None, shift="fixed", **options):
-    """``flash_attention`` with the lab on and ``workers`` threads (None: the cores); ``shift="running"``
-    runs the paper's loops in the lab's runs (``flash.passes(paper=True)``)."""
+    """``flash_attention`` with the lab on and ``workers`` threads (None: the cores), its fixed-shift
+    passes (``flash.fixed_shift_passes``); ``shift="running"``: its default, the paper's loops."""
     previous = ag.lab.set_workers(workers)
     try:
         with ag.lab.on():
-            if shift == "running":
-                kernels.swap({"flash_passes": functools.partial(flash.passes, paper=True)})
+            if shift == "fixed":
+                kernels.swap({"flash_passes": flash.fixed_shift_passes})
             return flash_attention(*args, **options)
     finally:
         ag.lab.set_workers(previous)

@@ -12,22 +12,27 @@ from ..ops.kernels import KERNELS, classroom
 from ..tensor import Saved, Tensor, accumulate_grad, make_output
 from .backward import tiled_backward
 from .forward import tiled_forward
-from .shapes import Heads, check_block, check_causal, check_shapes, softmax_scale
+from .naive import check_value_shape
+from .shapes import Heads, check_block, check_causal, softmax_scale
 from .tiles import Tiles, statistics_dtype
+from .variants import UNBOUNDED, Variants, variants
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = None,
-                    block_k: int | None = None, return_lse: bool = False, backend: str = "numpy"):
-    """O = softmax(scale · Q Kᵀ + mask) V, tile by tile (FlashAttention-2): no N×N array is ever held.
+                    block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
+                    window_size=(UNBOUNDED, UNBOUNDED), alibi_slopes=None):
+    """O = softmax(scale · Q Kᵀ + mask + bias) V, tile by tile (FlashAttention-2): no N×N array is held.
 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile from
     the saved logsumexp (for GQA, k's and v's grads summed over each group). ``return_lse=True``
     also returns L = logsumexp of each row of scaled scores, (..., H, Nq). On NumPy the tiles are
     ``block_q`` × ``block_k`` (None: 256), the loops ``tiled_forward`` and ``tiled_backward``; float16
     and bfloat16 inputs keep their statistics and accumulators in float32 (L stays float32).
+    ``window_size`` and ``alibi_slopes`` are FlashAttention's (``ag.attention.variants``; NumPy only),
+    and v may have its own head dim dv (O is then (..., H, Nq, dv)).
     """
     check_causal("flash_attention", causal)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
@@ -38,7 +43,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     if _backend(backend, values[0]) == "cupy":
         forward, backward = _cupy_passes(causal, scale)
     else:
-        forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k)
+        forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k, (window_size, alibi_slopes))
     o, lse = forward(*values)
     if not tensors:
         return (o, lse) if return_lse else o
@@ -54,10 +59,11 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
 
 
 @classroom("flash_passes")
-def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None):
+def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None,
+                 variants: Variants | None = None):
     """The paper's loops, ``tiled_forward`` and ``tiled_backward``, on one thread, BLAS held to one
     thread: a tile's many small products stall on a multi-threaded BLAS when a core is busy."""
-    tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K)
+    tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K, variants=variants)
 
     def forward(q, k, v):
         with one_blas_thread():
@@ -75,15 +81,20 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
     return forward, backward
 
 
-def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None):
+def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None, extra=None):
     """The passes in the seam ``flash_passes`` (``tiled_passes``, or the lab's), run on the inputs
-    in their statistics dtype (``statistics_dtype``), the outputs and grads cast back."""
+    in their statistics dtype (``statistics_dtype``), the outputs and grads cast back. ``extra``:
+    (window_size, alibi_slopes)."""
     if any(array_module(x) is not np for x in (q, k, v)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(x).__module__ for x in (q, k, v)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
-    heads = check_shapes("flash_attention", q, k, v)
-    forward, backward = KERNELS.flash_passes(heads, causal, softmax_scale(scale, heads.d), block_q, block_k)
+    heads = check_value_shape("flash_attention", q, k, v)
+    window_size, alibi_slopes = extra or ((UNBOUNDED, UNBOUNDED), None)
+    extras = variants("flash_attention", heads, causal, window_size, alibi_slopes=alibi_slopes)
+    plain = tuple(window_size) == (UNBOUNDED, UNBOUNDED) and alibi_slopes is None
+    forward, backward = KERNELS.flash_passes(heads, causal, softmax_scale(scale, heads.d), block_q, block_k,
+                                             None if plain else extras)
     wide = statistics_dtype(np.result_type(q, k, v))
 
     def wide_forward(q, k, v):

@@ -9,14 +9,15 @@ import numpy as np
 from ..modes import config
 from ..trace import count_matmul
 from .shapes import Heads
+from .variants import Variants
 
 
 class Tiles:
     """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share."""
 
     def __init__(self, heads: Heads, causal, scale: float, block_q: int, block_k: int,
-                 offset: int | None = None) -> None:
-        self.heads, self.causal, self.scale = heads, causal, scale
+                 offset: int | None = None, variants: Variants | None = None) -> None:
+        self.heads, self.causal, self.scale, self.variants = heads, causal, scale, variants
         self.block_q, self.block_k = block_q, block_k
         # query i sees keys 0..i + offset
         if offset is None:
@@ -30,19 +31,34 @@ class Tiles:
         return x.reshape(self.heads.lead + (x.shape[-3] // group, group) + x.shape[-2:])
 
     def key_tiles(self, q_start: int, q_stop: int):
-        """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key)."""
+        """The key tiles that rows q_start..q_stop-1 can see (causal: stop at the last visible key; a
+        window: start at the first)."""
+        if self.variants is not None:
+            return range(*self.variants.key_range(q_start, q_stop), self.block_k)
         stop = self.heads.n_k
         if self.causal:
             stop = max(0, min(stop, q_stop + self.offset))
         return range(0, stop, self.block_k)
 
     def query_tiles(self, k_start: int):
-        """The query tiles that can see some key from k_start on (causal: skip tiles above it)."""
+        """The query tiles that can see some key from k_start on (causal: skip tiles above it; a
+        window: and the tiles below its reach)."""
+        if self.variants is not None:
+            return self._query_tiles_of_window(k_start)
         start = 0
         if self.causal:
             first_row = max(0, k_start - self.offset)  # the first query row that sees key k_start
             start = first_row - first_row % self.block_q
         return range(start, self.heads.n_q, self.block_q)
+
+    def _query_tiles_of_window(self, k_start: int):
+        """Rows i see key j where i + offset - left <= j <= i + offset + right (a side of -1: unbounded)."""
+        (left, right), offset = self.variants.window, self.variants.offset
+        k_stop = min(k_start + self.block_k, self.heads.n_k)
+        first = max(0, k_start - offset - right) if right >= 0 else 0
+        last = min(self.heads.n_q - 1, k_stop - 1 - offset + left) if left >= 0 else self.heads.n_q - 1
+        start = first - first % self.block_q
+        return range(start, last + 1 if last >= first else start, self.block_q)
 
     def scaled_queries(self, q: np.ndarray, rows: slice) -> np.ndarray:
         """scale · Q_i: folding the scale into the query tile saves a pass over every score tile."""
@@ -54,6 +70,10 @@ class Tiles:
         Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory."""
         s = np.matmul(q_i, np.swapaxes(k_j, -1, -2),
                       out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], np.result_type(q_i, k_j)))
+        if self.variants is not None:  # a window (the causal mask folded in) and ALiBi's bias
+            rows, cols = np.arange(q_start, q_start + s.shape[-2]), np.arange(k_start, k_start + s.shape[-1])
+            np.copyto(s, self.variants.scores(s, rows, cols, self.heads.h_kv))
+            return s
         mask = self.mask(q_start, k_start, s.shape[-2], s.shape[-1], s.dtype)
         if mask is not None:
             np.fmin(s, mask, out=s)
@@ -131,11 +151,11 @@ def statistics_dtype(dtype) -> np.dtype:
 
 
 def forward_outputs(q, k, v) -> tuple[np.ndarray, np.ndarray]:
-    """O, zeroed (a row that sees no key stays 0), and L = -inf, for ``tiled_forward`` to fill.
-
-    O keeps Q's memory order: Q a view of (s, b, heads, d) makes O one too, and (s, b, h) for free."""
+    """O, (..., H, Nq, dv) zeroed (a row that sees no key stays 0), and L = -inf, for ``tiled_forward``
+    to fill. O keeps Q's memory order: Q a view of (s, b, heads, d) makes O one too."""
     dtype = np.result_type(q, k, v)
-    return np.zeros_like(q, dtype=dtype), np.full(q.shape[:-1], -np.inf, dtype=dtype)
+    return (np.zeros_like(q, dtype=dtype, shape=q.shape[:-1] + v.shape[-1:]),
+            np.full(q.shape[:-1], -np.inf, dtype=dtype))
 
 
 def group_sum(x: np.ndarray) -> np.ndarray:

@@ -8,9 +8,11 @@ import math
 import numpy as np
 
 from ..attention.backward import tiled_backward
+from ..attention.flash import tiled_passes
 from ..attention.forward import tiled_forward
 from ..attention.shapes import Heads
 from ..attention.tiles import forward_outputs
+from ..attention.variants import Variants
 from . import sharing
 from .flash_loops import base2_backward, fixed_shift_forward
 from .flash_tiles import LabTiles
@@ -24,11 +26,15 @@ DEFAULT_BLOCK_Q_FORWARD_UNMASKED = 512
 DEFAULT_BLOCK_K_FORWARD_UNMASKED = 512
 
 
-def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None, paper: bool = False):
-    """Forward and backward on NumPy: ``fixed_shift_forward`` and ``base2_backward`` (with ``paper``,
-    the paper's ``tiled_forward`` and ``tiled_backward``) over one call's tiles, run by run (some
-    key/value heads each) on the lab's ``workers()`` threads."""
-    forward_loop, backward_loop = (tiled_forward, tiled_backward) if paper else (fixed_shift_forward, base2_backward)
+def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None,
+           variants: Variants | None = None, fixed_shift: bool = False):
+    """Forward and backward on NumPy: the paper's ``tiled_forward`` and ``tiled_backward`` on the lab's
+    tiles (``LabTiles``) over one call's runs (some key/value heads each) on the lab's ``workers()``
+    threads. ``fixed_shift``: ``fixed_shift_forward`` and ``base2_backward`` instead, faster and less
+    exact (``fixed_shift_passes``). A window or ALiBi (``variants``) runs the classroom's passes."""
+    if variants is not None:
+        return tiled_passes(heads, causal, scale, block_q, block_k, variants)
+    forward_loop, backward_loop = (fixed_shift_forward, base2_backward) if fixed_shift else (tiled_forward, tiled_backward)
     tiles = LabTiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K)
     forward_tiles = tiles
     if not causal and None in (block_q, block_k):
@@ -49,7 +55,7 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
         for t in own:  # on the caller's thread, before the loops
             t.reserve_scores(o.dtype)
         _each_run(runs, own, run_loop, hold_blas=asked > 1)
-        forward_tiles.count_products(2, keys=None if paper else forward_tiles.key_slices)  # S = QKᵀ, PV
+        forward_tiles.count_products(2, keys=forward_tiles.key_slices if fixed_shift else None)  # S = QKᵀ, PV
         return o, lse
 
     def backward(q, k, v, o, lse, do):
@@ -63,6 +69,14 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
         tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
+
+
+def fixed_shift_passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None,
+                       variants: Variants | None = None):
+    """``passes`` with the fixed shift and the base-2 backward, for ``kernels.swap({"flash_passes":
+    fixed_shift_passes})``: its e^S·v / e^S is not exactly v for a single key, and exp2's log2 e ·
+    S rounds once more, so float32 lands up to 3 × torch's error where the paper's loop stays within 2 ×."""
+    return passes(heads, causal, scale, block_q, block_k, variants, fixed_shift=True)
 
 
 def _shared_out(tiles: LabTiles, dtype, threads: int, by_query_tile: bool = False) -> tuple[list, list[LabTiles]]:

@@ -39,7 +39,7 @@ def fixed_shift_forward(tiles: LabTiles, q: np.ndarray, k: np.ndarray, v: np.nda
         q_i = tiles.scaled_queries(qg, rows)
         bounded = tiles.bounded_queries(q_i, longest_key)  # in base 2 if this CPU's exp2 is fast
         l_i = np.zeros(q_i.shape[:-1] + (1,), dtype=dtype)
-        acc = np.zeros(q_i.shape, dtype=dtype)
+        acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # the check below catches both
             for cols in tiles.key_slices(q_start, q_start + q_i.shape[-2]):
                 p = tiles.exp_scores(q_i, bounded, kg[..., cols, :], q_start, cols.start)
