@@ -4,7 +4,8 @@
     python benchmarks/attention_variants.py --quick                        # the same, smaller
 
 Variants (B = 1, H = 8, d = 64, float32, a forward + backward step of loss = sum(O ∘ dO)): ag's
-``naive_attention`` with each of FlashAttention's variants against torch SDPA where SDPA has it: the
+``naive_attention`` with each of FlashAttention's variants, and ``flash_attention`` with those its tiles
+apply (window, ALiBi), against torch SDPA where SDPA has it: the
 window through a boolean ``attn_mask``, ALiBi through a float ``attn_mask``, dropout through
 ``dropout_p``; softcap, which SDPA has not, against torch's eager S, tanh, softmax, P V. Then
 dropout's memory: the mask naive's step keeps (tracemalloc) against the 8 bytes of a seed.
@@ -28,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
-from ag.attention import flash_decode, keep_mask, naive_attention  # noqa: E402
+from ag.attention import flash_attention, flash_decode, keep_mask, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from mlp import print_table  # noqa: E402
 
@@ -55,13 +56,17 @@ def torch_variant(torch, q, k, v, options: dict):
     return torch.softmax(s, dim=-1) @ v
 
 
+FLASH_HAS = ("window_size", "alibi_slopes")  # the variants flash_attention's tiles apply
+
+
 def variant_step(n: int, options: dict, framework: str):
-    """A training step of loss = sum(O ∘ dO) with one variant, in ag (naive) or torch."""
+    """A training step of loss = sum(O ∘ dO) with one variant, in ag ("naive", "flash") or torch."""
     rng = np.random.default_rng(0)
     q, k, v, do = (rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(4))
-    if framework == "ag":
+    if framework in ("naive", "flash"):
+        attention = naive_attention if framework == "naive" else flash_attention
         tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-        return lambda: ag.sum(ag.mul(naive_attention(*tensors, **options), do)).backward()
+        return lambda: ag.sum(ag.mul(attention(*tensors, **options), do)).backward()
     import torch
     tensors = [torch.from_numpy(x.copy()).requires_grad_() for x in (q, k, v)]
     return lambda: (torch_variant(torch, *tensors, options) * torch.from_numpy(do)).sum().backward()
@@ -71,12 +76,15 @@ def variant_table(sizes: list[int], repeats: int) -> None:
     rows = []
     for n in sizes:
         for name, options in VARIANTS.items():
-            times = take_turns({fw: variant_step(n, options, fw) for fw in ("ag", "torch")}, repeats)
-            ag_ms, torch_ms = (1e3 * statistics.median(times[fw]) for fw in ("ag", "torch"))
-            rows.append([str(n), name, f"{ag_ms:.1f}", f"{torch_ms:.1f}", f"{ag_ms / torch_ms:.2f}"])
+            names = ("naive", "flash", "torch") if set(options) & set(FLASH_HAS) else ("naive", "torch")
+            times = take_turns({fw: variant_step(n, options, fw) for fw in names}, repeats)
+            ms = {fw: 1e3 * statistics.median(times[fw]) for fw in names}
+            flash = f"{ms['flash']:.1f}" if "flash" in ms else "-"
+            rows.append([str(n), name, f"{ms['naive']:.1f}", flash, f"{ms['torch']:.1f}",
+                         f"{min(ms['naive'], ms.get('flash', np.inf)) / ms['torch']:.2f}"])
     print_table(f"Variants: a step (forward + backward), B = 1, H = {H}, d = {D}, float32, median ms "
                 "(torch: SDPA with a mask, a bias or dropout_p; softcap: eager ops)",
-                ["N", "variant", "ag naive", "torch", "ag / torch"], rows)
+                ["N", "variant", "ag naive", "ag flash", "torch", "ag's best / torch"], rows)
 
 
 def dropout_memory(n: int) -> None:

@@ -175,3 +175,16 @@ def test_a_windows_key_range_holds_every_visible_key_and_no_row_outside_it_sees_
         seen = np.flatnonzero(visible.any(axis=0)) if visible is not None else np.arange(33)
         assert seen.size == 0 or (lo <= seen.min() and seen.max() < hi)
         assert seen.size == 0 or (lo == seen.min() and hi == seen.max() + 1)
+
+
+@pytest.mark.parametrize("attention", ["flash", "naive"])
+def test_a_packed_batch_with_a_window_and_alibi_equals_each_sequence_alone(attention):
+    q, k, v = packed()
+    slopes = np.random.default_rng(3).uniform(0, 1, (4, 4))  # (B, H): each sequence its own row
+    got = flash_attn_varlen(q, k, v, CU_Q, CU_K, attention=attention, causal="bottom_right",
+                            window_size=(4, 0), alibi_slopes=slopes)
+    for i in range(len(CU_Q) - 1):
+        rows, cols = slice(CU_Q[i], CU_Q[i + 1]), slice(CU_K[i], CU_K[i + 1])
+        alone = naive_attention(q[:, rows], k[:, cols], v[:, cols], causal="bottom_right", window_size=(4, 0),
+                                alibi_slopes=slopes[i])
+        np.testing.assert_allclose(got[:, rows], alone, rtol=0, atol=1e-12)

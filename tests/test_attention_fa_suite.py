@@ -151,6 +151,25 @@ def test_forward_and_backward_are_within_twice_torchs_own_error(case, path):
     check_case(path, q, k, v, do, dtype, causal=causal)
 
 
+VARIANT_CASES = [  # FA2's local and ALiBi tests: (n_q, n_k, d, sharing, causal, dtype, options)
+    (113, 203, 64, "gqa", False, F16, dict(window_size=(32, 16))),
+    (128, 217, 59, "mqa", "bottom_right", F32, dict(window_size=(48, 0))),
+    (239, 113, 111, "mha", True, F32, dict(window_size=(-1, 8))),
+    (113, 203, 32, "gqa", "bottom_right", F16, dict(alibi_slopes=2.0 ** -np.arange(1, 5))),
+    (256, 256, 80, "mqa", False, F32, dict(alibi_slopes=np.random.default_rng(0).uniform(0, 1, 4))),
+]
+
+
+@pytest.mark.parametrize("path", ["flash", "naive"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: case_id(c[:6]) + "-" + next(iter(c[6])))
+def test_a_window_or_alibi_is_within_twice_torchs_own_error(case, path):
+    n_q, n_k, d, sharing, causal, dtype, options = case
+    q, k, v, do = inputs(n_q, n_k, d, sharing, dtype, seed=7)
+    ref = torch_run(q, k, v, do, upcast=True, causal=causal, **options)
+    torch_own = torch_run(q, k, v, do, upcast=False, reorder_ops=True, causal=causal, **options)
+    assert_fa3_rule(ag_run(path, q, k, v, do, causal=causal, **options), torch_own, ref, dtype)
+
+
 OVERFLOW = [(s, d, c) for s in (97, 128, 200, 256) for d in (64, 128) for c in (False, True)] if FULL else \
     [(5, 64, False), (97, 64, True)]
 

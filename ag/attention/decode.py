@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..ops import ShapeError
+from .flash import one_blas_thread
 from .naive import check_value_shape
 from .online import softmax_block
 from .shapes import softmax_scale
@@ -45,10 +46,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits: int | N
     scale = softmax_scale(scale, heads.d)
     o = np.zeros(q.shape[:-1] + v_cache.shape[-1:], dtype=np.result_type(q, v_cache))
     lse = np.full(q.shape[:-1], -np.inf, dtype=o.dtype)
-    for b, n in enumerate(seqlens):
-        splits = check_splits(num_splits, n)
-        o[b], lse[b] = decode_entry(q[b], k_cache[b, :, :n], v_cache[b, :, :n], extra.for_entry((b,), n),
-                                    scale, splits)
+    with one_blas_thread():  # a split's products are matrix-vector ones: BLAS's threads only wait on each other
+        for b, n in enumerate(seqlens):
+            o[b], lse[b] = decode_entry(q[b], k_cache[b, :, :n], v_cache[b, :, :n], extra.for_entry((b,), n),
+                                        scale, check_splits(num_splits, n))
     return (o, lse) if return_lse else o
 
 
