@@ -27,6 +27,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `optim` | tensor | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
+| `offload` | arrays, discard, remat, tensor, trace | offloading a chain's checkpoints to disk (host memory from CuPy) and reading them back early on a thread, against recomputing and keeping |
 | `parallel/` | memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`) |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |

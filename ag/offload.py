@@ -42,8 +42,7 @@ class Offloader:
         """Write ``tensor``'s value out and make it recomputable from there (the engine then drops it)."""
         value, index = tensor.value, len(self.order)
         if array_module(value) is not np:  # a GPU value goes to host memory
-            host = value.get()
-            tensor.rematerializer = lambda: array_module(value).asarray(self.take(index, lambda: host))
+            tensor.rematerializer = _Host(self, index, value.get(), array_module(value))
         else:
             path = self.directory / f"{index}.bin"
             disk = np.memmap(path, dtype=value.dtype, mode="w+", shape=value.shape)
@@ -78,6 +77,19 @@ class _Read:
         return np.fromfile(self.path, dtype=self.dtype).reshape(self.shape)
 
     def __call__(self) -> np.ndarray:
+        return self.offloader.take(self.index, self.read)
+
+
+class _Host:
+    """A GPU tensor's rematerializer: its value, copied back from host memory."""
+
+    def __init__(self, offloader: Offloader, index: int, host: np.ndarray, xp) -> None:
+        self.offloader, self.index, self.host, self.xp = offloader, index, host, xp
+
+    def read(self):
+        return self.xp.asarray(self.host)
+
+    def __call__(self):
         return self.offloader.take(self.index, self.read)
 
 
