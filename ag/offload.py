@@ -105,10 +105,11 @@ def offloaded(layers: Sequence[Layer], x: Tensor, offloader: Offloader) -> Tenso
     return h
 
 
-def measure_step(step: Callable[[], None], repeats: int = 3) -> dict:
-    """One training step (``step()`` runs forward and backward): the peak NumPy bytes above what was alive
-    before (tracemalloc, the first run) and the best of ``repeats`` timed runs, in seconds."""
-    start_trace()
+def measure_step(step: Callable[[], None], repeats: int = 3, device: str = "cpu") -> dict:
+    """One training step (``step()`` runs forward and backward): the peak bytes above what was alive
+    before (tracemalloc, or CuPy's pool on ``device="gpu"``; the first run) and the best of ``repeats``
+    timed runs, in seconds."""
+    start_trace(device)
     try:
         step()
         peak = snapshot_trace().peak_bytes
@@ -119,7 +120,7 @@ def measure_step(step: Callable[[], None], repeats: int = 3) -> dict:
         began = time.perf_counter()
         step()
         times.append(time.perf_counter() - began)
-    return {"peak_bytes": peak, "seconds": min(times)}
+    return {"peak_bytes": peak, "seconds": min(times, default=float("nan"))}
 
 
 def offload_step(layers: Sequence[Layer], x: Tensor) -> Callable[[], None]:
@@ -154,8 +155,9 @@ def keep_step(layers: Sequence[Layer], x: Tensor) -> Callable[[], None]:
     return step
 
 
-def compare(layers: Sequence[Layer], x: Tensor, budget_bytes: int, repeats: int = 3) -> dict[str, dict]:
+def compare(layers: Sequence[Layer], x: Tensor, budget_bytes: int, repeats: int = 3,
+            device: str = "cpu") -> dict[str, dict]:
     """Peak bytes and step seconds of keeping everything, recomputing at ``budget_bytes`` and offloading."""
-    return {"keep": measure_step(keep_step(layers, x), repeats),
-            "recompute": measure_step(recompute_step(layers, x, budget_bytes), repeats),
-            "offload": measure_step(offload_step(layers, x), repeats)}
+    return {"keep": measure_step(keep_step(layers, x), repeats, device),
+            "recompute": measure_step(recompute_step(layers, x, budget_bytes), repeats, device),
+            "offload": measure_step(offload_step(layers, x), repeats, device)}
