@@ -129,19 +129,34 @@ def forward_backward(layers: list[ZeroLayer], x: np.ndarray, target: np.ndarray,
     return loss.item()
 
 
-def train_step(layers: list[ZeroLayer], optimizer: Adam, group: Group, step: int, global_batch: int) -> float:
-    """One ZeRO step on this rank's 1/N_d of the batch; returns the loss summed over the ranks."""
-    x, target = batch(step, global_batch, layers[0].weight.shape[0])
-    rows = slice(group.rank * global_batch // group.size, (group.rank + 1) * global_batch // group.size)
-    eager = layers[0].stage >= 2
-    loss = forward_backward(layers, x[rows], target[rows], global_batch, ZeroLayer.reduce_grad if eager else None)
-    if not eager:
+def my_rows(group: Group, global_batch: int) -> slice:
+    """This rank's 1/N_d of the batch's rows."""
+    return slice(group.rank * global_batch // group.size, (group.rank + 1) * global_batch // group.size)
+
+
+def reduce_on_the_fly(stage: int):
+    """What ``forward_backward`` runs as each layer's grad is made: stages 2 and 3 reduce-scatter it there."""
+    return ZeroLayer.reduce_grad if stage >= 2 else None
+
+
+def optimizer_step(layers: list[ZeroLayer], optimizer: Adam) -> None:
+    """Sum the grads backward did not (stages 0 and 1), step the shards, free the grads, and all-gather
+    the stepped shards into the weights (stages 1 and 2)."""
+    if layers[0].stage < 2:
         for layer in layers:
             layer.reduce_grad()
     optimizer.step()
     optimizer.zero_grad()
     for layer in layers:
         layer.gather_stepped()
+
+
+def train_step(layers: list[ZeroLayer], optimizer: Adam, group: Group, step: int, global_batch: int) -> float:
+    """One ZeRO step on this rank's 1/N_d of the batch; returns the loss summed over the ranks."""
+    x, target = batch(step, global_batch, layers[0].weight.shape[0])
+    rows = my_rows(group, global_batch)
+    loss = forward_backward(layers, x[rows], target[rows], global_batch, reduce_on_the_fly(layers[0].stage))
+    optimizer_step(layers, optimizer)
     return group.comm.allreduce(loss)
 
 
@@ -189,18 +204,12 @@ def measure(group: Group, stage: int, num_layers: int, h: int, global_batch: int
         optimizer = Adam([layer.shard for layer in layers], lr=1e-3)
         built = held.numpy_bytes()
         x, target = batch(0, global_batch, h)
-        rows = slice(group.rank * global_batch // group.size, (group.rank + 1) * global_batch // group.size)
+        rows = my_rows(group, global_batch)
         x, target = x[rows].copy(), target[rows].copy()
         before_backward = held.numpy_bytes()
-        forward_backward(layers, x, target, global_batch, ZeroLayer.reduce_grad if stage >= 2 else None)
+        forward_backward(layers, x, target, global_batch, reduce_on_the_fly(stage))
         grads = held.numpy_bytes() - before_backward
-        if stage < 2:
-            for layer in layers:
-                layer.reduce_grad()
-        optimizer.step()
-        optimizer.zero_grad()
-        for layer in layers:
-            layer.gather_stepped()
+        optimizer_step(layers, optimizer)
         state = held.numpy_bytes() - before_backward
     psi = num_layers * h * h
     formula = memory_model.zero_bytes_per_rank(psi, group.size, stage, bytes_per_parameter=memory_model.FLOAT32_ADAM)
