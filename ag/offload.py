@@ -33,6 +33,9 @@ class Offloader:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise ValueError(f"Offloader: {str(directory)!r} is not a directory; expected an existing folder "
+                             "to write the offloaded values to (tempfile.mkdtemp() makes one)")
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ag-offload")
         self.order: list[Tensor] = []  # forward order: backward wants them from the last
         self.reading: dict[int, Future] = {}

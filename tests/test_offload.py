@@ -58,3 +58,8 @@ def test_the_files_are_removed_after_the_step(tmp_path, monkeypatch):
     weights, layers, x = chain(n=3)
     offload.offload_step(layers, x)()
     assert os.listdir(tmp_path) == []
+
+
+def test_an_offloader_refuses_a_folder_that_does_not_exist(tmp_path):
+    with pytest.raises(ValueError, match=r"'.*missing' is not a directory; expected an existing folder"):
+        offload.Offloader(tmp_path / "missing")
