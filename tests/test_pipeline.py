@@ -1,23 +1,16 @@
 """GPipe and 1F1B over real MPI ranks (mpiexec -n 2 and -n 4): activations held per stage, measured with
 tracemalloc, and the bubble counted in the slots of the executed schedule."""
-import json
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
 
 from ag import memory_model
 from ag.parallel import pipeline
-from test_parallel import _require_mpi
+from test_parallel import run_ranks
 
 
 def run_pipeline(n: int, *args: str) -> dict:
-    mpiexec = _require_mpi()
-    result = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", "ag.parallel.pipeline", "--json",
-                             "--hidden", "32", "--rows", "8", *args], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, f"mpiexec -n {n} failed:\n{result.stdout}\n{result.stderr}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_ranks(n, "--hidden", "32", "--rows", "8", *args, module="ag.parallel.pipeline")
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda p: f"p{p}")

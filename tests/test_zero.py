@@ -1,25 +1,18 @@
 """ZeRO's stages 1-3 over real MPI ranks (mpiexec -n 2 and -n 4): each rank's bytes by category, to the
 byte, against the paper's formulas, and the weights after k Adam steps against one process's."""
-import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 
 from ag import memory_model
 from ag.parallel import zero
-from test_parallel import _require_mpi
+from test_parallel import run_ranks
 
 STEPS, LR = 5, 1e-2  # --check's Adam runs at lr 1e-2
 
 
 def run_zero(n: int, *args: str) -> dict:
-    mpiexec = _require_mpi()
-    result = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", "ag.parallel.zero", "--json", *args],
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, f"mpiexec -n {n} failed:\n{result.stdout}\n{result.stderr}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_ranks(n, *args, module="ag.parallel.zero")
 
 
 @pytest.mark.slow
