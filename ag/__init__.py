@@ -15,7 +15,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `hooks` | modes | watching ops as they are made (`record_tensors`, `observe_ops`) |
 | `export` | — | Perfetto trace JSON and PyTorch memory-snapshot pickles |
 | `tables` | — | printing a table of results |
-| `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term |
+| `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term; ZeRO's model states a rank and a pipeline's bubble |
 | `trace` | export, modes | tracemalloc, the lecture's `start_trace`/`snapshot_trace`, categories, `count_ops`, `measure_activation_bytes` |
 | `discard` | arrays, errors, modes | discarding values and bringing them back: `discard_value_if_has_rematerializer`, `rematerialize`, `release_unneeded` |
 | `handover` | arrays, modes | the grad-handover rule: when a computed grad may become `.grad` without a copy |
@@ -27,7 +27,8 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `optim` | tensor | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
-| `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
+| `offload` | arrays, discard, remat, tensor, trace | offloading a chain's checkpoints to disk (host memory from CuPy) and reading them back early on a thread, against recomputing and keeping |
+| `parallel/` | memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`) |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
 | `course/` | — | the course kit: assign, intake, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |

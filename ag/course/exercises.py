@@ -163,6 +163,38 @@ EXERCISES = (
         "e*(1) with 0, 2, 3 evicted: [0, 2, 3]\ne*(4) with 0, 2, 3 evicted: [2, 3]\n"
         "h_DTR(96, 256 bytes, staleness 3): 0.125",
         needs=(1,)),  # capture's measuring run steps through exercise 1's backward_step
+    Exercise(
+        8, "adam_step", "Adam's step in place",
+        "Adam keeps two arrays a parameter, m and v: with the parameter and its grad, 16 bytes a float32 "
+        "parameter before any activation. A step must not add more than one parameter's worth on top: write "
+        "adam_update, which changes theta, m and v in their own buffers (in-place operators, out=) and puts "
+        "every temporary into scratch, an array of theta's shape: m = beta1 m + (1 - beta1) g, "
+        "v = beta2 v + (1 - beta2) g^2, theta -= alpha_t m / (sqrt(v) + eps_hat) with "
+        "alpha_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) and eps_hat = eps sqrt(1 - beta2^t) (the paper's faster "
+        "order, torch's rule). g may be scratch itself (Adam's L2 weight decay computes g there): read g for "
+        "the last time before you first write into scratch. ag.optim.Adam and AdamW step with your function.",
+        (("optim", "adam_update"),),
+        "import math\n\nimport numpy as np",
+        "import tracemalloc\n"
+        "import numpy as np\n"
+        "import ag\n"
+        "from ag import course, optim\n"
+        "course.install(__name__)\n"
+        "w = ag.Tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)\n"
+        "opt = optim.Adam([w], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    w.grad = 2 * w.value  # the gradient of Σ w²\n"
+        "    opt.step()\n"
+        "print('w after 3 steps:', np.round(w.value, 4), '| state bytes:', opt.state_bytes())\n"
+        "big = ag.Tensor(np.ones(10**6), requires_grad=True)\n"
+        "big.grad = np.ones(10**6)\n"
+        "opt = optim.Adam([big])\n"
+        "opt.step()  # allocates m and v\n"
+        "tracemalloc.start()\n"
+        "opt.step()\n"
+        "print('temporary MB in a step:', round(tracemalloc.get_traced_memory()[1] / 1e6, 1), '(one parameter: 8.0)')",
+        "w after 3 steps: [ 0.7016 -1.7006  2.7004] | state bytes: 48\n"
+        "temporary MB in a step: 8.0 (one parameter: 8.0)"),
 )
 
 
