@@ -15,22 +15,23 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `hooks` | modes | watching ops as they are made (`record_tensors`, `observe_ops`) |
 | `export` | — | Perfetto trace JSON and PyTorch memory-snapshot pickles |
 | `tables` | — | printing a table of results |
-| `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term |
+| `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term; ZeRO's model states a rank and a pipeline's bubble |
 | `trace` | export, modes | tracemalloc, the lecture's `start_trace`/`snapshot_trace`, categories, `count_ops`, `measure_activation_bytes` |
 | `discard` | arrays, errors, modes | discarding values and bringing them back: `discard_value_if_has_rematerializer`, `rematerialize`, `release_unneeded` |
 | `handover` | arrays, modes | the grad-handover rule: when a computed grad may become `.grad` without a copy |
 | `tensor_base` | errors | what a Tensor offers besides the engine: `ndim`, `size`, `nbytes`, printing, `.numpy()`, `.item()` |
 | `tensor` | arrays, discard, errors, handover, hooks, modes, tensor_base, trace | the Tensor, `make_output` and `Saved`, the topological sort, `backward`, `accumulate_grad` |
 | `ops/` | arrays, errors, handover, modes, tensor, trace | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `kernels`, the named seams where the lab plugs in) |
-| `lab/` | ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' seams (`enable`, `on`, `AG_LAB=1`), and `set_workers` |
-| `attention/` | arrays, lab, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, one call's runs shared among threads (`sharing`), `flash_attention` (`flash`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
+| `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), Philox `dropout`, FlashAttention's `variants`, `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, `flash_attention` (`flash`, the seam `flash_passes`), FlashDecoding (`decode`), packed batches (`varlen`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
+| `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
 | `remat/` | discard, errors, handover, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |
 | `train` | modes, nn, ops, optim, tensor | training on real data: digits (`DigitsMLP`), a character-level transformer on the Zen of Python, `cross_entropy`, `fit` with a progress bar, checkpoints that resume exactly |
 | `wall` | amp, memory_model, nn, ops, optim, tensor, trace | the whole wall: one training step of a GPT-like model by slice, measured beside its formulas, and the `Lever`s that cut them |
-| `parallel` | memory_model, nn, ops, tables, tensor, trace | tensor and sequence parallelism on MPI |
+| `offload` | arrays, discard, remat, tensor, trace | offloading a chain's checkpoints to disk (host memory from CuPy) and reading them back early on a thread, against recomputing and keeping |
+| `parallel/` | memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`) |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
 | `course/` | — | the course kit: assign, intake, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |

@@ -290,8 +290,7 @@ def attention_scaling(sizes=(512, 1024, 2048, 4096, 8192, 16384), naive_up_to: i
     rng = np.random.default_rng(seed)
     xp = np if device == "cpu" else trace.device_module(device)
     backend = "numpy" if device == "cpu" else "cupy"
-    # flash on one worker: each further one holds tiles of its own, and the table would follow the cores
-    flash_options = {"backend": backend, "workers": 1} if device == "cpu" else {"backend": backend}
+    flash_options = {"backend": backend}
     # one untraced call of each first: flash's first call imports and sets up its threads'
     # control (threadpoolctl, 0.25 MB of Python objects), which is not attention's memory
     for n in sizes[:1]:
@@ -384,14 +383,14 @@ def _formula(setting: str, grouped: bool) -> str:
     """The per-layer expression of ``setting`` (K and V at g/a of Q's size when ``grouped``)."""
     base = "30+4g/a" if grouped else "34"
     return {"none": f"sbh({base}+5as/h)", "selective": f"sbh({base})" if grouped else "34sbh",
-            "full": "2sbh", "flash": f"sbh({base})+2asb" if grouped else "34sbh+2asb"}[setting]
+            "full": "2sbh", "flash": f"sbh({base})+4asb" if grouped else "34sbh+4asb"}[setting]
 
 
 def layer_activations(s: int, b: int, h: int, a: int, setting: str, *, num_query_groups: int | None = None,
                       seed: int = 0) -> ActivationRow:
     """One float16 TransformerLayer: ``setting`` is "none", "selective", "full" (NeMo's
     activations_checkpoint_granularity) or "flash" (attention="flash", which keeps selective's
-    bytes plus its logsumexp, one 2-byte value per head and token: 2asb)."""
+    bytes plus its logsumexp, one float32 per head and token: 4asb)."""
     if setting not in LAYER_SETTINGS:
         raise ValueError(f"layer_activations: setting must be one of {LAYER_SETTINGS}, got {setting!r}")
     granularity = setting if setting in ("selective", "full") else None
@@ -403,7 +402,7 @@ def layer_activations(s: int, b: int, h: int, a: int, setting: str, *, num_query
     predicted = memory_model.activation_bytes_per_layer(s, b, h, a, recompute=recompute,
                                                         num_query_groups=num_query_groups)
     if setting == "flash":
-        predicted += 2 * a * s * b
+        predicted += 4 * a * s * b
     grouped = num_query_groups not in (None, a)
     return ActivationRow(s, b, h, a, num_query_groups, setting, _formula(setting, grouped), measured, predicted)
 
@@ -476,7 +475,7 @@ def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
     print()
     exact = sum(r.measured_bytes == r.predicted_bytes for r in rows)
     print(f"{exact} of {len(rows)} rows equal the formula to the byte. flash keeps selective's bytes")
-    print("plus its logsumexp (2asb); a full stack's rows are its bytes after the forward over L.")
+    print("plus its logsumexp (4asb, float32); a full stack's rows are its bytes after the forward over L.")
     if out_dir is None:
         return rows
     _save_plot(out_dir, "transformer_memory.png", lambda plot, path: plot.measured_vs_predicted(

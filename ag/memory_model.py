@@ -386,6 +386,61 @@ def paper_table() -> list[PaperRow]:
     return [paper_row(model) for model in PAPER_MODELS]
 
 
+# ---- model states under ZeRO, and pipelines ----
+
+ZERO_STAGES = (0, 1, 2, 3)  # 0 is plain data parallelism
+MIXED_PRECISION_ADAM = (2, 2, 12)  # bytes a parameter: fp16 weight, fp16 grad, K = 12 (fp32 weight, m, v)
+FLOAT32_ADAM = (4, 4, 8)  # fp32 weight, fp32 grad, K = 8 (m, v): the weight is its own master copy
+
+
+def zero_bytes_per_rank(psi: int, n_d: int, stage: int, *, bytes_per_parameter: tuple[int, int, int] =
+                        MIXED_PRECISION_ADAM) -> dict[str, int]:
+    """One rank's model states with ZeRO (Rajbhandari et al. 2020, Figure 1), Ψ parameters over N_d ranks,
+    with (params, grads, K) bytes a parameter, (2, 2, 12) for mixed-precision Adam:
+
+        stage 0   2Ψ + 2Ψ + KΨ           = 16Ψ           plain data parallelism
+        stage 1   2Ψ + 2Ψ + KΨ/N_d       = 4Ψ + 12Ψ/N_d  optimizer state partitioned (P_os)
+        stage 2   2Ψ + (2 + K)Ψ/N_d      = 2Ψ + 14Ψ/N_d  and gradients (P_os+g)
+        stage 3   (2 + 2 + K)Ψ/N_d       = 16Ψ/N_d       and parameters (P_os+g+p)
+
+    Returns {"params", "grads", "optimizer_state"} in bytes."""
+    op = "zero_bytes_per_rank"
+    _check_positive(op, "psi", psi)
+    _check_positive(op, "n_d", n_d)
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"{op}: stage={stage!r}; expected one of {ZERO_STAGES} (0 is plain data parallelism)")
+    if psi % n_d:
+        raise ValueError(f"{op}: psi={psi} parameters cannot be split over n_d={n_d} ranks; expected psi % n_d == 0")
+    params, grads, k = bytes_per_parameter
+    shard = psi // n_d
+    return {"params": params * (shard if stage >= 3 else psi),
+            "grads": grads * (shard if stage >= 2 else psi),
+            "optimizer_state": k * (shard if stage >= 1 else psi)}
+
+
+def pipeline_bubble(p: int, m: int) -> Fraction:
+    """The share of a pipeline's time its stages sit idle, GPipe's and 1F1B's alike:
+    (p − 1)/(m + p − 1) for p stages and m micro-batches (Narayanan et al. 2021, Section 2.2)."""
+    _check_positive("pipeline_bubble", "p", p)
+    _check_positive("pipeline_bubble", "m", m)
+    return Fraction(p - 1, m + p - 1)
+
+
+def micro_batches_in_flight(schedule: str, p: int, m: int, stage: int) -> int:
+    """Micro-batches whose activations stage ``stage`` (0 first) holds at its peak: GPipe all m;
+    1F1B at most p − stage (its warm-up forwards plus one), never more than m."""
+    op = "micro_batches_in_flight"
+    _check_positive(op, "p", p)
+    _check_positive(op, "m", m)
+    if not 0 <= stage < p:
+        raise ValueError(f"{op}: stage={stage!r}; expected 0 <= stage < p={p}")
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - stage, m)
+    raise ValueError(f"{op}: schedule={schedule!r}; expected 'gpipe' or '1f1b'")
+
+
 def format_bytes(n: int) -> str:
     """``n`` bytes in binary units, 2 decimals: 2936012800 -> '2.73 GiB' (the paper's GB
     are GiB: Appendix B's sbhp for 530B)."""

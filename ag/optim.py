@@ -174,18 +174,31 @@ class Adam(Optimizer):
         elif weight_decay:
             g = np.multiply(theta, weight_decay, out=scratch)
             g += grad
-        m -= g  # m_t as g_t + β1 (m_{t-1} − g_t): the same sum, with no temporary
-        m *= beta1
-        m += g
-        g_squared = np.multiply(g, g, out=scratch)
-        g_squared *= 1 - beta2
-        v *= beta2
-        v += g_squared
-        denominator = np.sqrt(v, out=scratch)
-        denominator += eps * math.sqrt(1 - beta2 ** t)  # ε̂ = ε √(1 − β2^t)
-        update = np.divide(m, denominator, out=scratch)
-        update *= lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)  # α_t
-        theta -= update
+        adam_update(theta, g, m, v, t, lr, beta1, beta2, eps, scratch)
+
+
+def adam_update(theta: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, lr: float, beta1: float,
+                beta2: float, eps: float, scratch: np.ndarray) -> None:
+    """Adam's step t, in place: θ, m and v change in their own buffers, and only ``scratch`` (θ's shape)
+    holds a temporary. ``g`` may be ``scratch`` itself (L2 weight decay puts g there): read g before writing scratch.
+
+        m ← β1 m + (1 − β1) g          v ← β2 v + (1 − β2) g²
+        θ ← θ − α_t m / (√v + ε̂)       α_t = lr √(1 − β2^t) / (1 − β1^t),  ε̂ = ε √(1 − β2^t)
+    """
+    ### BEGIN SOLUTION
+    m -= g  # m_t as g_t + β1 (m_{t-1} − g_t): the same sum, with no temporary
+    m *= beta1
+    m += g
+    g_squared = np.multiply(g, g, out=scratch)
+    g_squared *= 1 - beta2
+    v *= beta2
+    v += g_squared
+    denominator = np.sqrt(v, out=scratch)
+    denominator += eps * math.sqrt(1 - beta2 ** t)  # ε̂ = ε √(1 − β2^t)
+    update = np.divide(m, denominator, out=scratch)
+    update *= lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)  # α_t
+    theta -= update
+    ### END SOLUTION
 
 
 class AdamW(Adam):

@@ -32,11 +32,12 @@ The three contestants:
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
    alone on one thread as ag writes it, on the heads one run holds, and with the in-place form
    next to it, scaled to a whole pass.
+5. Variants and decoding against torch SDPA (``attention_variants.py``): window, softcap, ALiBi and
+   dropout steps, dropout's stored mask in bytes, and ``flash_decode``'s bandwidth on decode shapes.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import math
@@ -55,12 +56,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ag  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
-from ag.attention import sharing  # noqa: E402
+from ag.lab import flash as lab_flash, flash_tiles, sharing  # noqa: E402
+from ag.ops import kernels  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
+import attention_variants  # noqa: E402
 
 MB = 10**6
 B, H, D = 1, 8, 64
@@ -173,7 +176,7 @@ def tiles_label(blocks: dict) -> str:
         return f"{blocks['block_q']} x {blocks['block_k']}"
     bq, bk = blocks["block_q"], blocks["block_k"]
     return (f"{bq or attention.DEFAULT_BLOCK_Q} x {bk or attention.DEFAULT_BLOCK_K} "
-            f"({bq or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED} x {bk or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED} "
+            f"({bq or lab_flash.DEFAULT_BLOCK_Q_FORWARD_UNMASKED} x {bk or lab_flash.DEFAULT_BLOCK_K_FORWARD_UNMASKED} "
             "in a forward without a mask)")
 
 
@@ -343,8 +346,8 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     from threadpoolctl import threadpool_limits
     inputs = tuple(x[:, :1] for x in make_inputs(n))  # (1, 1, n, d): one head
     q, k, v = inputs[:3]
-    forward_tiles = (blocks["block_q"] or attention.DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
-                     blocks["block_k"] or attention.DEFAULT_BLOCK_K_FORWARD_UNMASKED)
+    forward_tiles = (blocks["block_q"] or lab_flash.DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
+                     blocks["block_k"] or lab_flash.DEFAULT_BLOCK_K_FORWARD_UNMASKED)
     backward_tiles = (blocks["block_q"] or attention.DEFAULT_BLOCK_Q, blocks["block_k"] or attention.DEFAULT_BLOCK_K)
 
     def pairs(tiles):
@@ -374,14 +377,14 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     tq4, tk4, tv4 = (torch.from_numpy(x) for x in (q, k, v))
-    ag_step = AgAttention(functools.partial(flash_attention, workers=1), inputs, False, **blocks)
+    ag_step = AgAttention(flash_attention, inputs, False, **blocks)
     torch_step = TorchAttention(inputs, False)
-    calls = {"flash": lambda: flash_attention(q, k, v, **blocks, workers=1),
+    calls = {"flash": lambda: flash_attention(q, k, v, **blocks),
              "numpy products": products(np, False), "torch products": products(torch, False),
              "torch": lambda: sdpa(tq4, tk4, tv4),
              "flash step": ag_step.step, "numpy products step": products(np, True),
              "torch products step": products(torch, True), "torch step": torch_step.step}
-    threads = torch.get_num_threads()
+    threads, workers = torch.get_num_threads(), ag.lab.set_workers(1)
     torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
@@ -390,17 +393,18 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
         result["numpy exp"], result["torch exp"] = exp_rates()
     finally:
         torch.set_num_threads(threads)
+        ag.lab.set_workers(workers)
     return result
 
 
 def exp_rates(size: int = 1 << 18) -> tuple[float, float]:
     """ns an element of the exp flash takes on a bounded tile (exp2 where that is NumPy's fast one,
-    ``ag.attention.tiles.EXP2_FAST``; else exp), in place on ``size`` float32 scores, by NumPy and by
+    ``ag.flash_tiles.EXP2_FAST``; else exp), in place on ``size`` float32 scores, by NumPy and by
     torch, on the calling thread: the pass no product hides."""
     import torch
     x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
     out = np.empty_like(x)
-    fast = attention.tiles.EXP2_FAST
+    fast = flash_tiles.EXP2_FAST
     numpy_exp, torch_exp = (np.exp2, torch.exp2) if fast else (np.exp, torch.exp)
     tx, tout = torch.from_numpy(x), torch.from_numpy(out)
     return (best_us(lambda: numpy_exp(x, out=out), 20) * 1e3 / size,
@@ -423,7 +427,7 @@ def print_one_head(n: int, head: dict[str, float]) -> None:
 
 def exp_name() -> str:
     """The exp a bounded tile takes on this machine, and why."""
-    if attention.tiles.EXP2_FAST:
+    if flash_tiles.EXP2_FAST:
         return "exp2 (NumPy's is SVML's here: AVX-512 on Linux)"
     return "exp (NumPy's exp2 is not its fast one here: no AVX-512, or not Linux)"
 
@@ -606,8 +610,8 @@ def anatomy_steps(t: dict, block_q: int, block_k: int) -> list[tuple[str, str, C
     rows, cols = np.arange(block_q), np.arange(block_k)
     visible = cols[None, :] <= rows[:, None]
     bound = np.where(visible, np.nan, -np.inf).astype(np.float32)  # fmin's: keeps S where visible
-    # a bounded tile's exp on this machine (``ag.attention.tiles.EXP2_FAST``), and the other one
-    base2 = attention.tiles.EXP2_FAST
+    # a bounded tile's exp on this machine (``ag.flash_tiles.EXP2_FAST``), and the other one
+    base2 = flash_tiles.EXP2_FAST
     exp, other = ("exp2", "exp") if base2 else ("exp", "exp2")
     exp_fn, other_fn = getattr(np, exp), getattr(np, other)
     other_use = "(a masked or unbounded tile)" if base2 else "(an AVX-512 machine's bounded tile)"
@@ -685,8 +689,8 @@ def anatomy(n: int, blocks: dict, number: int) -> None:
                      "" if alt_us is None else f"{alt_us:.0f}", "" if alt_us is None else f"{alt_us / us:.2f}"])
     print_table(f"4. One tile of flash ({block_q} x {block_k}, {heads} of the {H} heads, as one run holds them), each "
                 f"NumPy call timed alone on one thread: best µs per tile of {number}-call loops; ms per non-causal "
-                f"pass at N = {n} ({tiles} such tiles). fwd: the running max (shift='running', exercise 4's "
-                f"loop); fixed: the default forward, which keeps S_ij, P's exp, its row sum and acc += P V_j",
+                f"pass at N = {n} ({tiles} such tiles). fwd: the running max (``tiled_forward``, exercise 4's "
+                f"loop); fixed: the lab's forward, which keeps S_ij, P's exp, its row sum and acc += P V_j",
                 ["pass", "step as ag writes it", "µs / tile", f"ms at N={n}", "alternative", "µs / tile",
                  "alt / ag"], rows)
     for part, (as_ag, alt) in totals.items():
@@ -737,7 +741,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sweep-pairs", type=_pairs, default=[], help="e.g. 128x256,256x256: only these tiles")
     parser.add_argument("--anatomy-n", type=int, default=4096)
     parser.add_argument("--anatomy-number", type=int, default=10)
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy")
+    parser.add_argument("--classroom", action="store_true",
+                        help="time the classroom path (the paper's loops, one thread); default: the lab's (ag.lab)")
+    parser.add_argument("--fixed-shift", action="store_true",
+                        help="the lab with its fixed shift and base-2 backward (ag.lab.flash.fixed_shift_passes)")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy,variants")
     parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.heads < 1:
@@ -762,13 +770,19 @@ def main() -> None:
     args = parse_args()
     H, Q_SCALE = args.heads, args.q_scale
     blocks = {"block_q": args.block_q, "block_k": args.block_k}
+    if not args.classroom:  # the memory workers, started later, inherit AG_LAB
+        os.environ["AG_LAB"] = "1"
+        ag.lab.enable()
+        if args.fixed_shift:
+            kernels.swap({"flash_passes": lab_flash.fixed_shift_passes})
     if args.memory_worker:
         framework, n, causal = args.memory_worker
         print(json.dumps(memory_worker(framework, int(n), bool(int(causal)), blocks)))
         return
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
-    print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash tiles {tiles_label(blocks)} "
+    print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash on "
+          f"{'the classroom path' if args.classroom else 'the lab (ag.lab)'}, tiles {tiles_label(blocks)} "
           f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None})})"
           + (f"; q x {Q_SCALE:g} (peaked scores)" if Q_SCALE != 1 else ""))
     for line in machine_lines():
@@ -781,7 +795,8 @@ def main() -> None:
 
     parts = {"sweep": lambda: tile_sweep(args, (attention.DEFAULT_BLOCK_Q, attention.DEFAULT_BLOCK_K)),
              "time": lambda: time_tables(args, blocks), "memory": lambda: memory_tables(args, blocks),
-             "anatomy": lambda: anatomy(args.anatomy_n, blocks, args.anatomy_number)}
+             "anatomy": lambda: anatomy(args.anatomy_n, blocks, args.anatomy_number),
+             "variants": lambda: attention_variants.main(args.quick)}
     took = {}
     for name, part in parts.items():
         if name not in skip:

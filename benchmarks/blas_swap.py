@@ -81,11 +81,11 @@ def flash_times(numpy_module, inputs, causal: bool, workers: int) -> tuple[float
         module.np = numpy_module
     try:
         start = time.perf_counter()
-        flash_attention(q, k, v, causal=causal, workers=workers)
+        flash_attention(q, k, v, causal=causal)
         forward_s = time.perf_counter() - start
         tensors = [Tensor(x, requires_grad=True) for x in (q, k, v)]
         start = time.perf_counter()
-        out = flash_attention(*tensors, causal=causal, workers=workers)
+        out = flash_attention(*tensors, causal=causal)
         out.backward(do)
         step_s = time.perf_counter() - start
     finally:

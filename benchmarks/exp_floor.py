@@ -3,7 +3,7 @@
     python benchmarks/exp_floor.py     # a few seconds; needs a C compiler (cc) for the loops
 
 FlashAttention on NumPy spends what it spends beyond its two products in one exp pass a score
-tile (``fixed_shift_forward``), so NumPy's exp decides how close a forward comes to torch SDPA
+tile (the lab's ``fixed_shift_forward``), so NumPy's exp decides how close a forward comes to torch SDPA
 (BENCHMARKS.md, "What limits each figure"). This script times, on a tile-sized float32 array
 (131,072 scores in [-10, 0], as a 256 x 512 tile), in ns per element, one thread:
 

@@ -1,12 +1,12 @@
 """Solution 5: Tiled attention backward by recomputation.
 
 Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each
-query tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) =
-scale * Q_i, recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV
-+= P^T dO, dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg
-and dvg (dq is multiplied by scale once after your loop; for GQA, group_sum sums dK and dV
-over the group axis -3). flash_attention(..., shift='running') runs your loop; its default
-runs ag's own.
+query tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from
+tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile,
+scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
+dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale
+once after your loop; for GQA, group_sum sums dK and dV over the group axis -3).
+flash_attention runs your loop.
 
 Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of
 every exercise's functions are stubs: this check runs on them. course.install puts your
@@ -29,9 +29,9 @@ from ag.attention.tiles import Tiles, group_sum
 def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
-    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
-    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
-    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
+    dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
+    at the end. The grads are allocated in the inputs' own shapes, so they can become the inputs'
+    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
@@ -45,22 +45,23 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
         for q_start in tiles.query_tiles(k_start):
             rows = slice(q_start, q_start + tiles.block_q)
-            q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
-            s = tiles.scores(q_i, k_j, q_start, k_start)
+            q_i, do_i = qg[..., rows, :], dog[..., rows, :]
+            s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
             s -= lse_g[..., rows, :]
             p = tiles.exp(s)
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
             ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
             ds -= d_row[..., rows, :]
             ds *= p
+            ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
             dqg[..., rows, :] += np.matmul(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
-    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
+    dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile
+    dk *= dk.dtype.type(tiles.scale)
     return dq, dk, dv
 
 
 if __name__ == "__main__":
-    from functools import partial
     import numpy as np
     import ag
     from ag import course
@@ -69,7 +70,7 @@ if __name__ == "__main__":
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((1, 2, 40, 8)) for _ in range(3)]
     grads = []
-    for attention in (naive_attention, partial(flash_attention, shift='running')):
+    for attention in (naive_attention, flash_attention):
         ts = [ag.Tensor(a, requires_grad=True) for a in arrays]
         ag.sum(attention(*ts, causal=True)).backward()
         grads.append([t.grad for t in ts])

@@ -351,7 +351,7 @@ def test_the_default_is_the_cores_this_process_may_run_on_not_the_machines():
     pytest.importorskip("threadpoolctl")
     child = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-        "from ag.lab import products, threads; from ag.attention import sharing\n"
+        "from ag.lab import products, sharing, threads\n"
         "print(os.cpu_count(), threads.cores(), threads.workers(), sharing.count(None), products.STEPS)\n")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout.split()

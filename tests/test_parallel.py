@@ -35,9 +35,10 @@ def _require_mpi() -> str:
     return mpiexec
 
 
-def run_ranks(n: int, *args: str) -> dict:
+def run_ranks(n: int, *args: str, module: str = "ag.parallel") -> dict:
+    """``mpiexec -n n python -m module --json args``: rank 0's JSON."""
     mpiexec = _require_mpi()
-    result = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", "ag.parallel", "--json", *args],
+    result = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", module, "--json", *args],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"mpiexec -n {n} failed:\n{result.stdout}\n{result.stderr}"
     return json.loads(result.stdout.strip().splitlines()[-1])

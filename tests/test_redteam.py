@@ -522,9 +522,6 @@ ATTACKS = [
            "runner itself ends 'successfully'", base="solutions"),
     Attack("05-call-the-library-solution", 4, lambda s, c: append(s, P.CALL_THE_LIBRARY),
            "from ag.attention import tiled_forward as _lib, then return _lib(...)"),
-    Attack("05b-call-the-fixed-shift-forward", 4, lambda s, c: append(s, P.CALL_THE_FIXED_SHIFT),
-           "return ag.attention.fixed_shift_forward(...), ag's own forward with a fixed shift, which "
-           "a student's ag withholds (Exercise.withheld)"),
     Attack("06-read-the-library-source", 5, lambda s, c: append(s, c.bake(P.STEAL_THE_SOURCE)),
            "find ag's source (ag.__file__, find_spec, the distribution's files and direct_url.json, "
            "site-packages and the editable finder, the repository, /autograder, /proc/*/cwd), or its "

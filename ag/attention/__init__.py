@@ -18,26 +18,30 @@ for backward, which recomputes every tile of P from ``lse`` with D = rowsum(dO â
 One concept a module:
 
 - ``shapes``: the checks, the causal mask and the scale every path shares;
-- ``naive``: ``naive_attention``, S and P in memory, autograd through the engine;
+- ``dropout``: Philox4x32-10 in NumPy and ``keep_mask``, dropout's mask as a pure function of a seed;
+- ``variants``: FlashAttention's ``window_size``, ``softcap``, ``alibi_slopes`` and ``dropout_p``, by (row, col);
+- ``naive``: ``naive_attention``, S and P in memory, autograd through the engine, every variant's reference;
 - ``online``: the online softmax's block merge (exercise 3);
 - ``tiles``: one tiled call's tiles and the arithmetic both loops share (``Tiles``);
-- ``forward``: Algorithm 1, ``tiled_forward`` (exercise 4) and ``fixed_shift_forward``;
-- ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5) and ``base2_backward``;
-- ``sharing``: one call cut into runs of heads and shared among threads;
-- ``flash``: ``flash_attention``, the loops as one op, on NumPy or on the GPU;
+- ``forward``: Algorithm 1, ``tiled_forward`` (exercise 4);
+- ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5);
+- ``flash``: ``flash_attention``, the loops as one op, on NumPy (the seam ``flash_passes``, where
+  the opt-in lab, ``ag.lab``, puts its own loops and threads) or on the GPU;
+- ``decode``: ``flash_decode``, one query against a KV cache split over keys (FlashDecoding);
+- ``varlen``: ``flash_attn_varlen``, packed batches of sequences by ``cu_seqlens``;
 - ``gpu``: the CUDA kernels (``kernels/*.cu``) through CuPy, imported lazily.
 """
-from .backward import base2_backward, tiled_backward
-from .flash import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_K_FORWARD_UNMASKED, DEFAULT_BLOCK_Q,
-                    DEFAULT_BLOCK_Q_FORWARD_UNMASKED, SHIFTS, flash_attention)
-from .forward import fixed_shift_forward, tiled_forward
+from .backward import tiled_backward
+from .decode import flash_decode
+from .dropout import keep_mask
+from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention
+from .forward import tiled_forward
 from .naive import naive_attention
 from .online import SoftmaxBlock, merge_softmax_blocks, online_softmax, softmax_block
-from .tiles import EXP2_SAFE, LOG2_E, Tiles
+from .tiles import Tiles
+from .varlen import flash_attn_varlen
 
 __all__ = [
-    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_K_FORWARD_UNMASKED", "DEFAULT_BLOCK_Q",
-    "DEFAULT_BLOCK_Q_FORWARD_UNMASKED", "EXP2_SAFE", "LOG2_E", "SHIFTS", "SoftmaxBlock", "Tiles",
-    "base2_backward", "fixed_shift_forward", "flash_attention", "merge_softmax_blocks", "naive_attention",
-    "online_softmax", "softmax_block", "tiled_backward", "tiled_forward",
+    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "SoftmaxBlock", "Tiles", "flash_attention", "flash_attn_varlen",
+    "flash_decode", "keep_mask", "merge_softmax_blocks", "naive_attention", "online_softmax", "softmax_block", "tiled_backward", "tiled_forward",
 ]

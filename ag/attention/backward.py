@@ -1,5 +1,5 @@
 """FlashAttention-2's backward, Algorithm 2, on NumPy: every tile of P recomputed from the saved
-logsumexp, as the paper writes it (exercise 5) and with exp2 where the scores allow (ag's default)."""
+logsumexp, as the paper writes it (exercise 5)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +10,9 @@ from .tiles import Tiles, group_sum
 def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
-    dK += dSᵀ (scale · Q) (for GQA, dK and dV summed over the group). The grads are allocated
-    in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
-    ``grads`` gives zeroed (dq, dk, dv) to add into (a worker's views of the whole call's)."""
+    dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
+    at the end. The grads are allocated in the inputs' own shapes, so they can become the inputs'
+    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
@@ -21,50 +21,6 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION
-    d_row = np.sum(dog * og, axis=-1, keepdims=True)
-    for k_start in range(0, h.n_k, tiles.block_k):
-        cols = slice(k_start, k_start + tiles.block_k)
-        k_j, v_j = kg[..., cols, :], vg[..., cols, :]
-        for q_start in tiles.query_tiles(k_start):
-            rows = slice(q_start, q_start + tiles.block_q)
-            q_i, do_i = tiles.scaled_queries(qg, rows), dog[..., rows, :]
-            s = tiles.scores(q_i, k_j, q_start, k_start)
-            s -= lse_g[..., rows, :]
-            p = tiles.exp(s)
-            dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
-            ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
-            ds -= d_row[..., rows, :]
-            ds *= p
-            dqg[..., rows, :] += np.matmul(ds, k_j)
-            dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
-    ### END SOLUTION
-    dq *= dq.dtype.type(tiles.scale)  # dQ = scale · Σ dS K, one pass at the end
-    return dq, dk, dv
-
-
-def base2_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Algorithm 2 as ``tiled_backward`` computes it, with P_ij = e^(S_ij - L_i) taken as
-    2^(log2 e · S_ij - log2 e · L_i) where the tile allows, as FlashAttention's kernels do: NumPy's
-    exp2 takes half exp's time where it is SVML's (``Tiles.base2``; elsewhere exp, unchecked). A
-    query tile allows it when every visible S_ij - L_i is known to lie in [-80, 0]
-    (``Tiles.shift_bounded``); then no P needs the subnormal check either, and a masked tile takes
-    exp unchecked. Any other tile is ``tiled_backward``'s (``Tiles.exp_shifted_scores``).
-
-    dK = dSᵀ Q_i with Q_i unscaled, and is multiplied by scale once at the end, as dQ is: the scaled
-    query tile (by scale, or by scale · log2 e) is only S_ij's operand, and a tile pair holds one
-    such copy whichever exp it takes, so the peak does not depend on the CPU.
-
-    Not an exercise, but it solves exercise 5 another way: a student's copy of ag (``ag assign
-    --release``) has ``tiled_backward`` in its place (``Exercise.withheld``)."""
-    ### BEGIN SOLUTION
-    h = tiles.heads
-    qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
-    dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
-    lse_g = lse.reshape(qg.shape[:-1] + (1,))
-    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
-    dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
-    dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
-    bounded = tiles.shift_bounded(qg, kg, lse_g)
     d_row = np.sum(dog * og, axis=-1, keepdims=True)
     for k_start in range(0, h.n_k, tiles.block_k):
         cols = slice(k_start, k_start + tiles.block_k)
@@ -72,15 +28,18 @@ def base2_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
         for q_start in tiles.query_tiles(k_start):
             rows = slice(q_start, q_start + tiles.block_q)
             q_i, do_i = qg[..., rows, :], dog[..., rows, :]
-            p = tiles.exp_shifted_scores(q_i, k_j, lse_g[..., rows, :], q_start, k_start,
-                                         bounded[q_start // tiles.block_q])
+            s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
+            s -= lse_g[..., rows, :]
+            p = tiles.exp(s)
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
             ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
             ds -= d_row[..., rows, :]
             ds *= p
+            ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
             dqg[..., rows, :] += np.matmul(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
-    dq *= dq.dtype.type(tiles.scale)
+    ### END SOLUTION
+    dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile
     dk *= dk.dtype.type(tiles.scale)
     return dq, dk, dv
-    ### END SOLUTION
+

@@ -154,7 +154,6 @@ def _owned_regions(name: str, lines: Sequence[str]) -> tuple[_Region, ...]:
     spans = top_level_spans("\n".join(lines))
     module = ".".join(Path(name).with_suffix("").parts[1:])
     owners = {f: (e.number, STUB) for e in EXERCISES for m, f in e.functions if m == module}
-    owners.update({f: (e.number, (stand_in,)) for e in EXERCISES for m, f, stand_in in e.withheld if m == module})
     return tuple(_Region(begin, end, *_owner(name, begin, end, spans, owners)) for begin, end in regions)
 
 
@@ -166,7 +165,7 @@ def _owner(name: str, begin: int, end: int, spans: list[tuple[str, int, int]],
     if not enclosing or enclosing[0] not in owners:
         where = f"in {enclosing[0]}(), which" if enclosing else "outside every function, and"
         raise ValueError(f"{name} line {begin + 1}: a marked solution region {where} no exercise lists "
-                         "in Exercise.functions or Exercise.withheld (ag/course/exercises.py); a region must "
+                         "in Exercise.functions (ag/course/exercises.py); a region must "
                          "sit in an exercise's function")
     if any(begin < first <= end for _, first, _ in spans):
         raise ValueError(f"{name} line {begin + 1}: a marked solution region runs out of {enclosing[0]}() "

@@ -22,10 +22,6 @@ class Exercise:
     checks: str
     expected: str
     needs: tuple[int, ...] = ()  # exercises whose solved functions the self-check runs on in the release
-    # (module, function, stand-in): ag's functions that solve this exercise another way. Their marked
-    # regions are cut to the stand-in (one line of code) wherever the exercise is a stub, and they are
-    # never copied into the exercise: a student's ag must not hand over what the student writes.
-    withheld: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -101,40 +97,38 @@ EXERCISES = (
         "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles(q_start, q_stop) the k_start "
         "of each key tile that rows q_start..q_stop-1 can see (a range in steps of tiles.block_k; causal: "
         "up to the last key they see), its columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
-        "columns (np.max and np.sum with keepdims=True give the same, more slowly). "
-        "flash_attention(..., shift='running') runs your loop; its default (a fixed shift) runs ag's own.",
+        "columns (np.max and np.sum with keepdims=True). "
+        "flash_attention runs your loop.",
         (("attention.forward", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention.tiles import Tiles, forward_outputs",
         "import numpy as np\nfrom ag import course\nfrom ag.attention import flash_attention, naive_attention\n"
         "course.install(__name__)\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((1, 2, 50, 8)) "
-        "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, shift='running')\n"
+        "for _ in range(3))\nout = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)\n"
         "print('equals naive:', np.allclose(out, naive_attention(q, k, v, causal=True), rtol=0, atol=1e-10))  "
         "# the grader's tolerance",
         "equals naive: True",
-        needs=(),
-        withheld=(("attention.forward", "fixed_shift_forward", "return tiled_forward(tiles, q, k, v, out=out)"),)),
+        needs=()),
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
         "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
-        "tile that sees it (tiles.query_tiles), take q_i = tiles.scaled_queries(qg, rows) = scale * Q_i, "
-        "recompute P = exp(S - L) from tiles.scores and the saved logsumexp L, then dV += P^T dO, "
-        "dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T q_i, writing into dqg, dkg and dvg "
-        "(dq is multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the "
-        "group axis -3). flash_attention(..., shift='running') runs your loop; its default runs ag's own.",
+        "tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from "
+        "tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile, "
+        "scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D), "
+        "dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale "
+        "once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). "
+        "flash_attention runs your loop.",
         (("attention.backward", "tiled_backward"),),
         "import numpy as np\n\nfrom ag.attention.tiles import Tiles, group_sum",
-        "from functools import partial\nimport numpy as np\nimport ag\nfrom ag import course\n"
+        "import numpy as np\nimport ag\nfrom ag import course\n"
         "from ag.attention import flash_attention, naive_attention\ncourse.install(__name__)\n"
         "rng = np.random.default_rng(0)\narrays = [rng.standard_normal((1, 2, 40, 8)) for _ in range(3)]\n"
-        "grads = []\nfor attention in (naive_attention, partial(flash_attention, shift='running')):\n"
+        "grads = []\nfor attention in (naive_attention, flash_attention):\n"
         "    ts = [ag.Tensor(a, requires_grad=True) for a in arrays]\n"
         "    ag.sum(attention(*ts, causal=True)).backward()\n    grads.append([t.grad for t in ts])\n"
         "print('gradients equal naive:', all(np.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(*grads)))  "
         "# the grader's tolerance",
         "gradients equal naive: True",
-        needs=(1, 4),  # the engine's backward (1) through flash_attention's forward (4)
-        withheld=(("attention.backward", "base2_backward",
-                   "return tiled_backward(tiles, q, k, v, o, lse, do, grads=grads)"),)),
+        needs=(1, 4)),  # the engine's backward (1) through flash_attention's forward (4)
     Exercise(
         6, "checkpoint_plan", "Choosing checkpoints",
         "Write the sqrt strategy of plan (keep every floor(sqrt(n))-th output, through _every) and the "
@@ -169,6 +163,38 @@ EXERCISES = (
         "e*(1) with 0, 2, 3 evicted: [0, 2, 3]\ne*(4) with 0, 2, 3 evicted: [2, 3]\n"
         "h_DTR(96, 256 bytes, staleness 3): 0.125",
         needs=(1,)),  # capture's measuring run steps through exercise 1's backward_step
+    Exercise(
+        8, "adam_step", "Adam's step in place",
+        "Adam keeps two arrays a parameter, m and v: with the parameter and its grad, 16 bytes a float32 "
+        "parameter before any activation. A step must not add more than one parameter's worth on top: write "
+        "adam_update, which changes theta, m and v in their own buffers (in-place operators, out=) and puts "
+        "every temporary into scratch, an array of theta's shape: m = beta1 m + (1 - beta1) g, "
+        "v = beta2 v + (1 - beta2) g^2, theta -= alpha_t m / (sqrt(v) + eps_hat) with "
+        "alpha_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) and eps_hat = eps sqrt(1 - beta2^t) (the paper's faster "
+        "order, torch's rule). g may be scratch itself (Adam's L2 weight decay computes g there): read g for "
+        "the last time before you first write into scratch. ag.optim.Adam and AdamW step with your function.",
+        (("optim", "adam_update"),),
+        "import math\n\nimport numpy as np",
+        "import tracemalloc\n"
+        "import numpy as np\n"
+        "import ag\n"
+        "from ag import course, optim\n"
+        "course.install(__name__)\n"
+        "w = ag.Tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)\n"
+        "opt = optim.Adam([w], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    w.grad = 2 * w.value  # the gradient of Σ w²\n"
+        "    opt.step()\n"
+        "print('w after 3 steps:', np.round(w.value, 4), '| state bytes:', opt.state_bytes())\n"
+        "big = ag.Tensor(np.ones(10**6), requires_grad=True)\n"
+        "big.grad = np.ones(10**6)\n"
+        "opt = optim.Adam([big])\n"
+        "opt.step()  # allocates m and v\n"
+        "tracemalloc.start()\n"
+        "opt.step()\n"
+        "print('temporary MB in a step:', round(tracemalloc.get_traced_memory()[1] / 1e6, 1), '(one parameter: 8.0)')",
+        "w after 3 steps: [ 0.7016 -1.7006  2.7004] | state bytes: 48\n"
+        "temporary MB in a step: 8.0 (one parameter: 8.0)"),
 )
 
 

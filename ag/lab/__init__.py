@@ -8,7 +8,9 @@ one NumPy call over the whole array. The lab puts its variants into the ops' sea
   BLAS thread, the blocks dealt to the lab's threads;
 - ``passes``: large elementwise and row-wise passes (relu, gelu, layer_norm, the softmaxes,
   dropout's mask) shared among those threads, and a short vector's sum as one BLAS dot;
-- ``threads``: the pool that runs the blocks, and ``set_workers``.
+- ``threads``: the pool that runs the blocks, and ``set_workers``;
+- ``flash``, ``flash_loops``, ``flash_tiles``, ``sharing``: ``flash_attention`` on NumPy with a fixed
+  shift, exp2, subnormals flushed and one call's heads shared among the threads.
 
 The results are bit-identical for any number of workers. One switch, three ways: ``enable()`` and
 ``disable()``, ``with on(): ...``, or ``AG_LAB=1`` in the environment when ag is imported.
@@ -21,7 +23,7 @@ import os
 from typing import Iterator
 
 from ..ops import kernels
-from . import passes, products, threads
+from . import flash, passes, products, threads
 from .threads import set_workers, workers
 
 __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
@@ -29,7 +31,7 @@ __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
 
 def enable() -> None:
     """Put the lab's variants into the ops' seams, for the whole process."""
-    kernels.swap({"matmul": products.matmul, **passes.variants()})
+    kernels.swap({"matmul": products.matmul, "flash_passes": flash.passes, **passes.variants()})
 
 
 def disable() -> None:

@@ -28,18 +28,16 @@ def long_keys():
 
 @probe
 def flash_forward(ex, q, k, v, causal, block_q, block_k):
-    """Runs in the worker: flash_attention on arrays with the running max, which runs the student's
-    tiled_forward (the default fixed shift runs ag's own loop, ``fixed_shift_forward``)."""
+    """Runs in the worker: flash_attention on arrays, which runs the student's tiled_forward."""
     from ag.attention import flash_attention
-    o, lse = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k, return_lse=True,
-                             shift="running")
+    o, lse = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k, return_lse=True)
     return {"o": o, "lse": lse}
 
 
 @probe
 def flash_forward_long(ex):
-    """Runs in the worker: the student's tiled_forward itself (flash_attention may split the queries
-    among threads), causal, on 1024 queries against 262,144 keys in tiles of 256."""
+    """Runs in the worker: the student's tiled_forward itself, causal, on 1024 queries against 262,144
+    keys in tiles of 256."""
     from ag.attention.shapes import check_shapes, softmax_scale
     from ag.attention.tiles import Tiles
     q, k, v = long_keys()

@@ -60,16 +60,6 @@ def tiled_forward(*args, **kwargs):
     return _rt_lib(*args, **kwargs)
 """
 
-# ---- 5b: calling ag's other forward, which solves exercise 4 without a running max ----
-
-CALL_THE_FIXED_SHIFT = """
-from ag.attention import fixed_shift_forward as _rt_fixed
-
-
-def tiled_forward(tiles, q, k, v, out=None):
-    return _rt_fixed(tiles, q, k, v, out=out)
-"""
-
 # ---- 6: reading the library's source (or its bytecode, or the course's solutions) ----
 
 STEAL_THE_SOURCE = WALK + r'''

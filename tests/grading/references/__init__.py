@@ -90,3 +90,20 @@ def dtr_scores(table):
     """h_DTR = cost / (bytes · staleness) for each row (cost, bytes, staleness) of ``table``."""
     cost, size, staleness = np.asarray(table, dtype=np.float64).T
     return cost / size / staleness
+
+
+def adam_steps(theta, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+    """θ, m and v after Adam's steps t = 1, 2, ... on ``grads`` (Kingma & Ba 2015, Algorithm 1, with
+    m̂ and v̂ written out); L2 weight decay adds λθ to g, decoupled (AdamW) scales θ by 1 − lr·λ first."""
+    beta1, beta2 = betas
+    theta = np.array(theta, dtype=np.float64)
+    m, v = np.zeros_like(theta), np.zeros_like(theta)
+    for t, grad in enumerate(grads, start=1):
+        g = grad + (0 if decoupled else weight_decay) * theta
+        if decoupled:
+            theta = theta * (1 - lr * weight_decay)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+        theta = theta - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return theta, m, v

@@ -6,8 +6,8 @@ A run holds as many heads as keep its score tile S_ij within ``SCORE_TILE_BYTES`
 step's S_ij, K_j, V_j and acc stay in a 1 MB L2 cache, and there are at least as many runs as
 workers where the heads allow it. Where they do not (one head, or fewer heads than workers), a
 forward's runs are cut by query tile as well: a tile's rows of O and L depend on no other query.
-A backward's are not: every query tile adds into the same dK and dV (BENCHMARKS.md, "History":
-two passes or dK and dV of its own for each group of query tiles did not pay on two cores).
+A backward's are not: every query tile adds into the same dK and dV, and a dK and dV of its own
+for each group of query tiles would cost more memory than the threads save (docs/lab.md).
 ``workers`` threads take the runs in turn, each with its own tiles, and BLAS held to one thread
 each (threadpoolctl), so nothing oversubscribes. Runs are independent and each is computed the
 same way whichever thread takes it, so the result is bit-identical for any number of workers.
@@ -22,13 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..lab.threads import blas_threads, cores, have_threadpoolctl
+from .threads import blas_threads, cores, have_threadpoolctl
 
 # A run's score tiles stay in a core's cache: one head's forward a run; the backward's 256 × 256 tiles make runs of two.
 SCORE_TILE_BYTES = 512 * 1024
 # A thread is started only for this many multiply-adds of QKᵀ (a 256 × 256 tile at d = 64): below
-# it, starting threads costs more than they save (B = 2, H = 4, N = 128, d = 16: 0.79 ms on the
-# caller, 1.33 on two threads; H = 8, N = 256, d = 64: 2.42 and 2.21 ms).
+# it, starting threads costs more than they save.
 MIN_PRODUCTS_PER_THREAD = 1 << 22
 
 

@@ -31,57 +31,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import memory_model, nn, ops, trace
-from .tables import table
-from .tensor import Saved, Tensor, accumulate_grad, make_output
-
-
-def _mpi():
-    try:
-        from mpi4py import MPI
-    except ImportError as error:  # pragma: no cover - depends on the machine
-        raise ImportError("ag.parallel needs mpi4py and an MPI library: pip install 'ag[mpi]'") from error
-    return MPI
-
-
-class Group:
-    """The ranks of one tensor-parallel group and the collectives ag's ops need.
-
-    Reductions run in at least float32 (MPI has no float16 sum); gathers move raw bytes.
-    """
-
-    def __init__(self, comm=None) -> None:
-        MPI = _mpi()
-        self.MPI = MPI
-        self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
-
-    def all_reduce(self, x: np.ndarray) -> np.ndarray:
-        """Σ over ranks, on every rank."""
-        buffer = np.array(x, dtype=np.promote_types(x.dtype, np.float32), order="C")
-        self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
-        return buffer.astype(x.dtype, copy=False)
-
-    def all_gather(self, x: np.ndarray) -> np.ndarray:
-        """The ranks' pieces joined along axis 0 (the sequence), on every rank."""
-        x = np.ascontiguousarray(x)
-        out = np.empty((self.size * x.shape[0],) + x.shape[1:], dtype=x.dtype)
-        self.comm.Allgather([x, self.MPI.BYTE], [out, self.MPI.BYTE])
-        return out
-
-    def reduce_scatter(self, x: np.ndarray) -> np.ndarray:
-        """Σ over ranks, split along axis 0: each rank gets its 1/t of the sum."""
-        if x.shape[0] % self.size:
-            raise ValueError(f"reduce_scatter: axis 0 of shape {x.shape} does not split into {self.size} ranks")
-        send = np.array(x, dtype=np.promote_types(x.dtype, np.float32), order="C")
-        out = np.empty((x.shape[0] // self.size,) + x.shape[1:], dtype=send.dtype)
-        self.comm.Reduce_scatter_block(send, out, op=self.MPI.SUM)
-        return out.astype(x.dtype, copy=False)
-
-    def scatter_sequence(self, x: np.ndarray) -> np.ndarray:
-        """This rank's contiguous 1/t of axis 0, as its own array (every rank holds x already)."""
-        n = x.shape[0] // self.size
-        return x[self.rank * n:(self.rank + 1) * n].copy()
+from .. import memory_model, nn, ops, trace
+from ..tables import table
+from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from .mpi import Group
 
 
 # ---- the conjugate operators, as ag ops ----

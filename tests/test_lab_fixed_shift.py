@@ -3,10 +3,13 @@ each query tile, with the running max (``tiled_forward``) redoing the tiles whos
 range. It must give what the running max gives, for every mask, head grouping and dtype."""
 import numpy as np
 import pytest
+from test_lab_attention import lab_flash
 
-from ag.attention import fixed_shift_forward, flash_attention, forward, naive_attention, tiles as tiles_module
+from ag.attention import naive_attention
+from ag.lab import flash_loops as forward, flash_tiles as tiles_module
+from ag.lab.flash_loops import fixed_shift_forward
 from ag.attention.shapes import check_shapes
-from ag.attention.tiles import Tiles, longest_row
+from ag.lab.flash_tiles import LabTiles as Tiles, longest_row
 
 
 def qkv(n_q, n_k, d, h=2, h_kv=2, dtype=np.float64, seed=0, batch=(2,)):
@@ -33,8 +36,8 @@ def redone(monkeypatch):
 @pytest.mark.parametrize("h, h_kv", [(2, 2), (4, 1), (6, 3)])
 def test_the_fixed_shift_gives_what_the_running_max_gives(n_q, n_k, h, h_kv, causal):
     q, k, v = qkv(n_q, n_k, 8, h, h_kv)
-    fixed, lse_fixed = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True)
-    running, lse_running = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True,
+    fixed, lse_fixed = lab_flash(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True)
+    running, lse_running = lab_flash(q, k, v, causal=causal, block_q=16, block_k=8, return_lse=True,
                                            shift="running")
     np.testing.assert_allclose(fixed, running, rtol=1e-13, atol=1e-14)
     np.testing.assert_array_equal(np.isneginf(lse_fixed), np.isneginf(lse_running))
@@ -47,14 +50,14 @@ def test_the_fixed_shift_gives_what_the_running_max_gives(n_q, n_k, h, h_kv, cau
 def test_float32_stays_within_float32_rounding_of_float64(causal):
     q, k, v = qkv(300, 300, 64, 4, 2)
     exact = naive_attention(q, k, v, causal=causal)
-    got = flash_attention(*(x.astype(np.float32) for x in (q, k, v)), causal=causal)
+    got = lab_flash(*(x.astype(np.float32) for x in (q, k, v)), causal=causal)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, exact, rtol=0, atol=2e-6)
 
 
 def test_typical_scores_need_no_redo(redone):
-    flash_attention(*qkv(200, 300, 16), block_q=64, block_k=64)
-    flash_attention(*qkv(200, 300, 16), causal=True, block_q=64, block_k=64)
+    lab_flash(*qkv(200, 300, 16), block_q=64, block_k=64)
+    lab_flash(*qkv(200, 300, 16), causal=True, block_q=64, block_k=64)
     assert redone == []
 
 
@@ -66,9 +69,9 @@ def test_a_row_whose_scores_leave_exps_range_has_only_its_query_tile_redone(redo
     q, k, v = qkv(70, 45, 8, batch=())
     k[:] = 1.0
     q[:, 37] = score / 8 * np.sqrt(8)  # scale · q · k = score for every key
-    fixed = flash_attention(q, k, v, block_q=16, block_k=8)
+    fixed = lab_flash(q, k, v, block_q=16, block_k=8)
     assert redone == [(32, 16)]  # that query tile of both heads, which share one run
-    running = flash_attention(q, k, v, block_q=16, block_k=8, shift="running")
+    running = lab_flash(q, k, v, block_q=16, block_k=8, shift="running")
     np.testing.assert_array_equal(fixed[:, 32:48], running[:, 32:48])
     np.testing.assert_allclose(fixed[:, 37], v.mean(axis=-2), rtol=1e-12)
     np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
@@ -79,7 +82,7 @@ def test_a_query_tile_redone_in_a_run_of_its_own_is_redone_at_its_rows(redone, c
     """One head on two workers: each query tile is a run (``Tiles.for_rows``), and the tile that
     holds row 37 is redone there at its own rows, with the same bits as on one thread."""
     pytest.importorskip("threadpoolctl", reason="workers > 1 needs the fast extra")
-    from ag.attention import flash, sharing
+    from ag.lab import flash, sharing
     monkeypatch.setattr(sharing, "MIN_PRODUCTS_PER_THREAD", 1)
     runs = []
 
@@ -89,8 +92,8 @@ def test_a_query_tile_redone_in_a_run_of_its_own_is_redone_at_its_rows(redone, c
     monkeypatch.setattr(flash, "fixed_shift_forward", run)
     q, k, v = qkv(70, 90, 8, h=1, h_kv=1, batch=(1,))
     q[..., 37, :] = 1e3
-    alone = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, workers=1, return_lse=True)
-    shared = flash_attention(q, k, v, causal=causal, block_q=16, block_k=8, workers=2, return_lse=True)
+    alone = lab_flash(q, k, v, causal=causal, block_q=16, block_k=8, workers=1, return_lse=True)
+    shared = lab_flash(q, k, v, causal=causal, block_q=16, block_k=8, workers=2, return_lse=True)
     offset = 90 - 70 if causal == "bottom_right" else 0
     assert sorted(runs) == [6] + [16] * 4 + [70]  # the whole head on one thread, then a run a tile
     assert redone == [(32 + offset, 16)] * 2
@@ -100,7 +103,7 @@ def test_a_query_tile_redone_in_a_run_of_its_own_is_redone_at_its_rows(redone, c
 
 def test_rows_that_see_no_key_are_redone_and_give_zero_and_minus_infinity(redone):
     q, k, v = qkv(40, 24, 8)  # bottom-right: rows 0..15 see nothing
-    o, lse = flash_attention(q, k, v, causal="bottom_right", block_q=16, block_k=8, return_lse=True)
+    o, lse = lab_flash(q, k, v, causal="bottom_right", block_q=16, block_k=8, return_lse=True)
     assert {offset for offset, _ in redone} == {-16}  # the first query tile: 24 - 40 + 0
     assert np.all(o[..., :16, :] == 0) and np.all(np.isneginf(lse[..., :16]))
     np.testing.assert_allclose(o, naive_attention(q, k, v, causal="bottom_right"), rtol=1e-12, atol=1e-13)
@@ -109,7 +112,7 @@ def test_rows_that_see_no_key_are_redone_and_give_zero_and_minus_infinity(redone
 def test_a_nan_in_a_query_reaches_only_its_row():
     q, k, v = qkv(40, 40, 8)
     q[0, 1, 21, 3] = np.nan
-    o = flash_attention(q, k, v, causal=True, block_q=16, block_k=8)
+    o = lab_flash(q, k, v, causal=True, block_q=16, block_k=8)
     assert np.isnan(o[0, 1, 21]).all()
     assert not np.isnan(np.delete(o[0, 1], 21, axis=0)).any() and not np.isnan(o[1]).any()
 
@@ -178,11 +181,6 @@ def test_the_tiles_of_some_rows_see_what_those_rows_saw(causal):
             np.testing.assert_array_equal(np.isnan(whole), np.isnan(part))
 
 
-def test_an_unknown_shift_is_refused():
-    with pytest.raises(ValueError, match="shift must be 'fixed' or 'running', got 'max'"):
-        flash_attention(*qkv(4, 4, 4), shift="max")
-
-
 def test_each_forward_counts_the_products_it_computes():
     """Causal, 16-row query tiles, 32-key tiles: the fixed shift cuts the last key tile of each
     query tile at its last visible key (16, 32, 32 + 16, 32 + 32 keys); the running max computes
@@ -192,7 +190,7 @@ def test_each_forward_counts_the_products_it_computes():
     counts = {}
     for shift in ("fixed", "running"):
         with ag.count_ops() as counts[shift]:
-            flash_attention(q, k, v, causal=True, block_q=16, block_k=32, shift=shift)
+            lab_flash(q, k, v, causal=True, block_q=16, block_k=32, shift=shift)
     for shift, keys in (("fixed", 16 + 32 + 48 + 64), ("running", 32 + 32 + 64 + 64)):
         assert counts[shift].flops["forward"] == 2 * (2 * 16 * keys * 8)  # S = QKᵀ and PV, 2·m·n·k each
 
@@ -219,21 +217,21 @@ def test_a_query_tile_stops_at_the_key_tile_that_overflows_and_is_redone(redone,
     def matmul(a, b, *args, **kwargs):
         pv_products.append(a.shape)
         return np.matmul(a, b, *args, **kwargs)
-    monkeypatch.setattr(forward, "np", types.SimpleNamespace(**{**vars(np), "matmul": matmul}))
-    fixed = flash_attention(q, k, v, block_q=16, block_k=16)
+    from ag.attention import forward as paper_forward
+    for module in (forward, paper_forward):
+        monkeypatch.setattr(module, "np", types.SimpleNamespace(**{**vars(np), "matmul": matmul}))
+    fixed = lab_flash(q, k, v, block_q=16, block_k=16)
     monkeypatch.undo()
     assert redone == [(0, 16)] and len(pv_products) == 4  # the running max's, none before
-    running = flash_attention(q, k, v, block_q=16, block_k=16, shift="running")
+    running = lab_flash(q, k, v, block_q=16, block_k=16, shift="running")
     np.testing.assert_array_equal(fixed, running)
     np.testing.assert_allclose(fixed, naive_attention(q, k, v), rtol=1e-12, atol=1e-13)
 
 
-def test_float16_takes_the_running_max_at_once_where_no_row_sum_could_pass_the_check(redone):
-    import warnings
+def test_float16_runs_the_fixed_shift_in_float32_and_passes_its_check(redone):
+    """float16 inputs reach the loops as float32 (``statistics_dtype``), where the check's bound fits."""
     q, k, v = (x.astype(np.float16) for x in qkv(40, 40, 8))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an overflow in the check's bound was a RuntimeWarning
-        fixed = flash_attention(q, k, v, causal=True, block_q=16, block_k=8)
-    assert set(redone) == {(0, 40)}  # every run's rows at once, no query tile redone alone
-    np.testing.assert_array_equal(fixed, flash_attention(q, k, v, causal=True, block_q=16, block_k=8,
-                                                         shift="running"))
+    fixed = lab_flash(q, k, v, causal=True, block_q=16, block_k=8)
+    assert redone == [] and fixed.dtype == np.float16
+    wide = lab_flash(*(x.astype(np.float32) for x in (q, k, v)), causal=True, block_q=16, block_k=8)
+    np.testing.assert_array_equal(fixed, wide.astype(np.float16))

@@ -5,12 +5,14 @@ mask, head grouping and dtype, a row that sees nothing and a NaN included; and s
 is not the fast one (``Tiles.base2``) and bounded tiles take exp: every test runs both ways."""
 import numpy as np
 import pytest
+from test_lab_attention import lab_flash
 
 import ag
-from ag.attention import flash, flash_attention, naive_attention, tiles as tiles_module
+from ag.attention import naive_attention
+from ag.lab import flash, flash_tiles as tiles_module
 from ag.attention.shapes import check_shapes
-from ag.attention.tiles import EXP2_SAFE, Tiles
-from test_fixed_shift import qkv
+from ag.lab.flash_tiles import EXP2_SAFE, LabTiles as Tiles
+from test_lab_fixed_shift import qkv
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["exp2", "exp"])
@@ -23,7 +25,7 @@ def base2(request):
 
 def grads(q, k, v, weight, **options):
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-    out = flash_attention(*tensors, block_q=16, block_k=8, **options)
+    out = lab_flash(*tensors, block_q=16, block_k=8, **options)
     ag.sum(out * weight).backward()
     return [t.grad for t in tensors]
 
@@ -76,7 +78,7 @@ def tile_bounds(q, k, causal, scale_q=1.0):
     q = q * scale_q
     heads = check_shapes("test", ag.Tensor(q), ag.Tensor(k), ag.Tensor(k))
     tiles = Tiles(heads, causal, 1 / np.sqrt(q.shape[-1]), 16, 8)
-    _, lse = flash_attention(q, k, k, causal=causal, return_lse=True)
+    _, lse = lab_flash(q, k, k, causal=causal, return_lse=True)
     group = q.shape[-3] // k.shape[-3]
     qg, kg = tiles.grouped(q, group), tiles.grouped(k, 1)
     lse_g = np.where(np.isneginf(lse), np.inf, lse).reshape(qg.shape[:-1] + (1,))
@@ -121,7 +123,7 @@ def exp_calls(monkeypatch, q, k, v, causal) -> tuple[list[str], int]:
     exp = Tiles.exp
     monkeypatch.setattr(Tiles, "exp", staticmethod(lambda s: checked.append(1) or exp(s)))
     tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-    out = flash_attention(*tensors, causal=causal, block_q=16, block_k=16)
+    out = lab_flash(*tensors, causal=causal, block_q=16, block_k=16)
     del checked[:]
     monkeypatch.setattr(tiles_module, "np", spying)
     ag.sum(out).backward()
