@@ -131,14 +131,9 @@ text_losses = train.fit(train.text_loss_at(model, tokens, batch=8), text_opt, ra
 show(ag.plot.loss_curves({"digits MLP": digit_losses[:80], "character-level transformer": text_losses}))
 
 # %% [markdown]
-# ## ZeRO
+# ## ZeRO, pipelines and offloading
 #
-# (h6 fills this section: ZeRO stages 1, 2 and 3 over MPI, per-rank bytes against the paper.)
-#
-# ## Pipelines
-#
-# (h6 fills this section: GPipe and 1F1B, activations per stage and the bubble.)
-#
-# ## Offloading
-#
-# (h6 fills this section: checkpoints written to host memory or disk and read back early.)
+# These run over MPI ranks or on disk: sections 7.6 to 7.8 of the note measure them, with
+# `mpiexec -n 4 python -m ag.parallel.zero` (each rank's bytes against ZeRO's formulas),
+# `mpiexec -n 4 python -m ag.parallel.pipeline` (GPipe and 1F1B, activations per stage and the
+# bubble) and `ag.offload` (checkpoints written to disk and read back early on a thread).
