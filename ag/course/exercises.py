@@ -32,6 +32,11 @@ class Exercise:
         return f"ex{self.number}_{self.name}"
 
 
+# The lab's modules whose loops solve an exercise another way (the fixed-shift forward, the base-2
+# backward): a handout or a grading worker that stubs one of those exercises gets them as functions
+# that refuse, since a student could call or copy them. The lab is the instructor's, not the handout's.
+LAB_SOLUTIONS = {"ag/lab/flash_loops.py": (4, 5)}
+
 EXERCISES = (
     Exercise(
         1, "discard_grad", "Discarding the grad",
