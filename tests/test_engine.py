@@ -229,7 +229,7 @@ def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block
     x = ag.Tensor(np.ones(3), requires_grad=True)
     seen = []
     with pytest.raises(RuntimeError):
-        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.observe_ops(seen.append), \
+        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.subscribed("op run", seen.append), \
                 ag.count_ops() as counts:
             assert config.watchers == 4
             y = ag.tanh(x)

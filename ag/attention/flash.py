@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..arrays import array_module
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 from . import sharing
 from .backward import base2_backward, tiled_backward
 from .forward import fixed_shift_forward, tiled_forward
@@ -80,11 +80,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     if not tensors:
         return (o, lse) if return_lse else o
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        dq, dk, dv = backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
-        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
-            if t.requires_grad:
-                accumulate_grad(t, g)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
     out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
     return (out, lse) if return_lse else out
 
