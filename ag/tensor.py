@@ -34,7 +34,7 @@ from . import hooks
 from .arrays import array_module, as_array, numeric_array, unbroadcast, writeable
 from .discard import discard_value_if_has_rematerializer, rematerialize
 from .errors import GraphError
-from .modes import config, phase
+from .modes import config
 from .tensor_base import TensorBase
 
 Rematerializer = Callable[[], np.ndarray]
@@ -308,7 +308,8 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
             raise GraphError(f"backward: {root.describe()} has shape {root.shape}; backward() "
                              "without a grad argument needs a scalar (one element)")
         return np.ones_like(root.value)
-    grad = array_module(root.value).asarray(grad, dtype=root.dtype).copy()
+    xp = np if type(root.value) is np.ndarray else array_module(root.value)  # CuPy for a GPU array
+    grad = xp.asarray(grad, dtype=root.dtype).copy()
     if grad.shape != root.shape:
         raise GraphError(f"backward: grad of shape {grad.shape} does not match "
                          f"{root.describe()} of shape {root.shape}")
@@ -325,8 +326,7 @@ def _run_step(node: Tensor) -> Grads:
             if t.value is None:
                 t.value = rematerialize(t, f"backward of {node.op}")
         ### END SOLUTION
-    with phase("backward"):
-        grads = node._backward(node, Saved(node, needed))
+    grads = call_backward(node, needed)
     for t in needed:
         t._needed_by -= 1
         if t.rematerializer is not None:  # only a value that can come back may go
@@ -335,6 +335,17 @@ def _run_step(node: Tensor) -> Grads:
                 discard_value_if_has_rematerializer(t)
             ### END SOLUTION
     return grads
+
+
+def call_backward(node: Tensor, needed: tuple[Tensor, ...]) -> Grads:
+    """``node``'s closure on the values it reads, under the phase label "backward" (``count_ops``
+    and tracing file what runs there); set here, not by ``modes.phase``, so that stepping into a
+    backward step lands in this file and the op's."""
+    previous, config.phase = config.phase, "backward"
+    try:
+        return node._backward(node, Saved(node, needed))
+    finally:
+        config.phase = previous
 
 
 def pass_grads(node: Tensor, grads: Grads, incoming: int) -> None:
@@ -351,14 +362,13 @@ def pass_grads(node: Tensor, grads: Grads, incoming: int) -> None:
     for t, grad in zip(node.inputs, grads):
         if grad is None or not t.requires_grad:
             continue
-        grad = unbroadcast(as_array(grad), t.shape)
-        if grad.dtype != t.dtype:
-            grad = grad.astype(t.dtype)
+        grad = _shaped_like(t, grad)
         if id(grad) == incoming or (grad.base is not None and id(grad.base) == incoming):
             key = incoming if incoming_is_free else None
         else:
             key = id(grad) if grad.base is None else None  # a view of another array is not its own
-        owned = key is not None and key not in handed_over and writeable(grad)
+        free = grad.flags.writeable if type(grad) is np.ndarray else writeable(grad)  # NumPy's flag, fast
+        owned = key is not None and key not in handed_over and free
         if owned:
             handed_over.add(key)
         accumulate_grad(t, grad, owned)
@@ -382,13 +392,21 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> No
     ``owned`` grad (an array nothing else holds) becomes the buffer itself, any other is copied."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(as_array(grad), tensor.shape)
-    if grad.dtype != tensor.dtype:
-        grad = grad.astype(tensor.dtype)
+    grad = _shaped_like(tensor, grad)
     ### BEGIN SOLUTION
     if tensor.grad is None:
         tensor.grad = grad if owned else grad.copy()
-        hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
+        if config.watchers:
+            hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
     ### END SOLUTION
+
+
+def _shaped_like(tensor: Tensor, grad) -> np.ndarray:
+    """``grad`` as an array of ``tensor``'s shape (summed over broadcast axes) and dtype."""
+    if type(grad) is not np.ndarray:
+        grad = as_array(grad)
+    if grad.shape != tensor.shape:
+        grad = unbroadcast(grad, tensor.shape)
+    return grad if grad.dtype == tensor.dtype else grad.astype(tensor.dtype)

@@ -3,10 +3,10 @@
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
 into it (accumulate_grad, which the engine calls with each grad an op's _backward(out,
 saved) returns): take the incoming array itself when it is owned (an array that nothing else
-holds, such as a fresh product, may become the grad as it is), else a copy, and publish the
-"grad allocated" event (hooks.publish) so that tracing sees the new buffer. Free a non-leaf
-tensor's grad right after its own backward step (backward_step, which backward runs for each
-node in turn).
+holds, such as a fresh product, may become the grad as it is), else a copy, and, while
+anything watches (config.watchers), publish the "grad allocated" event (hooks.publish) so
+that tracing sees the new buffer. Free a non-leaf tensor's grad right after its own backward
+step (backward_step, which backward runs for each node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex1_discard_grad.py
@@ -22,10 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ag import hooks
-from ag.arrays import as_array, unbroadcast
 from ag.errors import GraphError
 from ag.modes import config
-from ag.tensor import Tensor, _free_graph, _run_step, pass_grads
+from ag.tensor import Tensor, _free_graph, _run_step, _shaped_like, pass_grads
 
 
 def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> None:
@@ -33,9 +32,7 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> No
     ``owned`` grad (an array nothing else holds) becomes the buffer itself, any other is copied."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(as_array(grad), tensor.shape)
-    if grad.dtype != tensor.dtype:
-        grad = grad.astype(tensor.dtype)
+    grad = _shaped_like(tensor, grad)
     # YOUR CODE HERE
     raise NotImplementedError()
 

@@ -19,18 +19,19 @@ def matmul(a, b) -> Tensor:
     a, b = _operands("matmul", a, b)
     _check_matmul(a, b)
     value = _product(a.value, b.value)
+    a_vector, b_vector = a.ndim == 1, b.ndim == 1
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad
-        if a.ndim == 1 or b.ndim == 1:  # as np.matmul does: a vector is a one-row or one-column matrix
+        if a_vector or b_vector:  # as np.matmul does: a vector is a one-row or one-column matrix
             g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
         ga = gb = None
         if a.requires_grad:
             ga = _product(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
-            ga = ga[..., 0, :] if a.ndim == 1 else ga
+            ga = ga[..., 0, :] if a_vector else ga
         if b.requires_grad:
             gb = _product(np.swapaxes(_as_matrix(saved[a], row=True), -1, -2), g)
-            gb = gb[..., 0] if b.ndim == 1 else gb
+            gb = gb[..., 0] if b_vector else gb
         return ga, gb
     return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
 
