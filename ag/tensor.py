@@ -50,7 +50,7 @@ class Tensor(TensorBase):
     # each time a dict-backed class gains a field.
     __slots__ = ("value", "shape", "dtype", "requires_grad", "grad", "rematerializer", "name",
                  "op", "inputs", "_backward", "_saved", "_saves_output", "_retains_grad",
-                 "_graph_freed", "_needed_by", "_held_by_graph", "_internal", "__weakref__")
+                 "_graph_freed", "_needed_by", "_internal", "__weakref__")
 
     def __init__(self, value, requires_grad: bool = False,
                  rematerializer: Rematerializer | None = None, name: str | None = None):
@@ -71,7 +71,6 @@ class Tensor(TensorBase):
         self._retains_grad = False
         self._graph_freed = False
         self._needed_by = 0                     # how many backward steps still read this value
-        self._held_by_graph = 0                 # references the graph holds (inputs, closure cells)
         self._internal = False                  # made inside a block release_unneeded closed
         if config.watchers:
             hooks.publish("tensor created", self)  # first: an eager grad takes the number its value got
@@ -164,7 +163,8 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
-        free_values_only_the_graph_holds(t)
+        if t.inputs:
+            _free_values_only_the_graph_holds(t)
     if config.watchers:  # a trace timeline, record_tensors, capture or count_ops is open
         hooks.publish("op run", output)  # its phase is "recompute" when a rematerializer runs it
     return output
@@ -183,32 +183,30 @@ def _attach(output: Tensor, inputs: tuple[Tensor, ...], backward: Backward,
     if saves_output:
         output._saves_output = True
         output._needed_by += 1
-    for t in _held_by(output):
-        t._held_by_graph += 1
 
 
-def _held_by(node: Tensor) -> list[Tensor]:
-    """The tensors ``node``'s place in the graph refers to: its inputs and its closure's cells
-    (an op binds the tensors its closure reads before it calls ``make_output``)."""
-    held = list(node.inputs)
+def _free_values_only_the_graph_holds(tensor: Tensor) -> None:
+    """Free the value of each op output among ``tensor``'s inputs that no backward step reads,
+    once nothing but ``tensor``'s place in the graph holds it: the user dropped it, as the
+    temporary ``h @ w`` in ``relu(h @ w + b)`` (torch frees it then too). One that another op
+    also holds is kept."""
+    for t in tensor.inputs:
+        # tensor's references to t, this loop's variable and getrefcount's own argument
+        if (t._needed_by == 0 and t.value is not None and t.op is not None
+                and sys.getrefcount(t) == _references(tensor, t) + 2):
+            t.value = None
+
+
+def _references(node: Tensor, t: Tensor) -> int:
+    """How many references ``node``'s place in the graph holds to ``t``: in its inputs and in its
+    closure's cells."""
+    count = sum(x is t for x in node.inputs)
     for cell in node._backward.__closure__ or ():
         try:
-            if type(cell.cell_contents) is Tensor:
-                held.append(cell.cell_contents)
+            count += cell.cell_contents is t
         except ValueError:  # a cell of a variable not bound yet holds nothing
             continue
-    return held
-
-
-def free_values_only_the_graph_holds(tensor: Tensor) -> None:
-    """Free the value of each input of ``tensor`` that no backward step reads and that nothing
-    but the graph holds any more (the user dropped it: a temporary such as ``h @ w`` in
-    ``relu(h @ w + b)``), as torch frees it."""
-    for t in tensor.inputs:
-        # the graph's references, this loop's variable and getrefcount's own argument
-        if (t._needed_by == 0 and t.value is not None and t.op is not None
-                and sys.getrefcount(t) == t._held_by_graph + 2):
-            t.value = None
+    return count
 
 
 def _plain_output(value: np.ndarray, op: str) -> Tensor:
@@ -223,7 +221,7 @@ def _plain_output(value: np.ndarray, op: str) -> Tensor:
     output.requires_grad = output._saves_output = output._retains_grad = False
     output._graph_freed = output._internal = False
     output.inputs = output._saved = ()
-    output._needed_by = output._held_by_graph = 0
+    output._needed_by = 0
     return output
 
 
@@ -378,9 +376,6 @@ def _free_graph(node: Tensor) -> None:
     for t in node._saved + ((node,) if node._saves_output else ()):
         if t._internal and t._needed_by <= 0:  # out of the user's reach, and no step left reads it
             t.value = None
-    if node._backward is not None:
-        for t in _held_by(node):
-            t._held_by_graph -= 1
     node._backward = None
     node.inputs = ()
     node._saved = ()
