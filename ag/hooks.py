@@ -31,18 +31,20 @@ def publish(event: str, *args) -> None:
 
 def subscribe(event: str, callback: Callable) -> None:
     """Call ``callback`` on every ``event`` from now on (while anything watches the engine)."""
-    if event not in _subscribers:
-        raise ValueError(f"hooks: no event named {event!r}; the events are {', '.join(EVENTS)}")
-    _subscribers[event].append(callback)
+    _subscribers_of(event).append(callback)
 
 
 @contextlib.contextmanager
 def subscribed(event: str, callback: Callable) -> Iterator[None]:
     """Call ``callback`` on every ``event`` inside the block, and make the engine publish meanwhile."""
+    with watching(_subscribers_of(event), callback):
+        yield
+
+
+def _subscribers_of(event: str) -> list[Callable]:
     if event not in _subscribers:
         raise ValueError(f"hooks: no event named {event!r}; the events are {', '.join(EVENTS)}")
-    with watching(_subscribers[event], callback):
-        yield
+    return _subscribers[event]
 
 
 @contextlib.contextmanager
