@@ -119,8 +119,7 @@ class Saved:
 
     def __init__(self, output: Tensor, tensors: tuple[Tensor, ...]) -> None:
         self.output, self.tensors = output, tensors
-        # nothing reads the output's grad after its step unless it is kept (rule 3 does not free it)
-        self.grad_is_free = not (output._retains_grad or output.is_leaf or config.eager_grads)
+        self.grad_is_free = _grad_freed_after_its_step(output)
 
     def __getitem__(self, tensor: Tensor) -> np.ndarray:
         for t in self.tensors:
@@ -346,6 +345,11 @@ def call_backward(node: Tensor, needed: tuple[Tensor, ...]) -> Grads:
         config.phase = previous
 
 
+def _grad_freed_after_its_step(node: Tensor) -> bool:
+    """Whether rule 3 frees ``node``'s grad after its step: then nothing reads it after the step."""
+    return not (node.is_leaf or node._retains_grad or config.eager_grads)
+
+
 def pass_grads(node: Tensor, grads: Grads, incoming: int) -> None:
     """Add each grad ``node``'s step returned into its input's ``.grad``. One that nothing else
     holds becomes the grad without a copy (rule 8): a fresh array, each once, or the step's
@@ -356,7 +360,7 @@ def pass_grads(node: Tensor, grads: Grads, incoming: int) -> None:
         raise GraphError(f"backward of {node.op} returned {len(grads)} grads for its "
                          f"{len(node.inputs)} inputs: one for each input, None where none is needed")
     handed_over: set[int] = set()
-    incoming_is_free = not (node._retains_grad or config.eager_grads)
+    incoming_is_free = _grad_freed_after_its_step(node)
     for t, grad in zip(node.inputs, grads):
         if grad is None or not t.requires_grad:
             continue
