@@ -65,7 +65,8 @@ WRONG_SOLUTIONS = {
     "retain_grad_ignored": (1, "node.is_leaf or node._retains_grad or", "node.is_leaf or"),
     "value_never_discarded": (2, "        tensor.value = None\n", "        pass\n"),
     "first_block_returned": (3, "    m = np.maximum(a.m, b.m)\n", "    return a\n"),
-    "float32_accumulator": (4, "acc = np.zeros(q_i.shape, dtype=dtype)", "acc = np.zeros(q_i.shape, dtype=np.float32)"),
+    "float32_accumulator": (4, "acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=dtype)",
+                            "acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=np.float32)"),
     "float32_probabilities": (5, "p = tiles.exp(s)\n", "p = tiles.exp(s).astype(np.float32)\n"),
 }
 
