@@ -80,7 +80,7 @@ def finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 def exp_flushed(x, lowest=None, flush_masked: bool = True):
     """e^x in x's buffer, and 0 where x <= ``EXP_FLOOR``, where e^x would be a subnormal number
-    (some CPUs compute those many times as slowly; BENCHMARKS.md, "History"). Such an x is raised
+    (some CPUs compute those many times as slowly). Such an x is raised
     to the floor's next number and its result multiplied by 0, without a branch. ``lowest``, a
     lower bound on x's finite entries known beforehand, saves the min over x. With
     ``flush_masked=False`` an x holding -inf (a mask) is not flushed. A NaN stays NaN. Only NumPy's
