@@ -26,7 +26,8 @@ def long_keys():
     """q and dO (1, 1, 256, 8), k and v (1, 1, 393216, 8): the first 1024 keys and the last 256 (the
     diagonal tile) random, the ones between 0 with their values (their dK and dV are not 0)."""
     rng = np.random.default_rng(5)
-    q, k, v = rng.standard_normal((1, 1, LONG_QUERIES, 8)), np.zeros((1, 1, LONG_KEYS, 8)), np.zeros((1, 1, LONG_KEYS, 8))
+    q = rng.standard_normal((1, 1, LONG_QUERIES, 8))
+    k, v = np.zeros((1, 1, LONG_KEYS, 8)), np.zeros((1, 1, LONG_KEYS, 8))
     for x in (k, v):
         x[..., :LONG_HEAD, :] = rng.standard_normal((1, 1, LONG_HEAD, 8))
         x[..., LONG_KEYS - LONG_QUERIES:, :] = rng.standard_normal((1, 1, LONG_QUERIES, 8))
