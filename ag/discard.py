@@ -37,7 +37,7 @@ def release_unneeded(outputs: Sequence, inputs: Sequence = ()) -> int:
     while stack:
         node = stack.pop()
         for t in node.inputs:
-            if id(t) in stop or t.is_leaf:
+            if id(t) in stop or t.is_leaf or not t.requires_grad:
                 continue
             stop.add(id(t))
             if t._needed_by == 0 and t.value is not None:

@@ -1,5 +1,17 @@
-"""Watching the graph being built: every op output, as it is made (``ag.remat.capture`` and
-the chain runners use this)."""
+"""Observation is events: the engine publishes what happens, and whoever watches subscribes.
+
+The events, and what each passes to its subscribers:
+
+- ``"tensor created"`` (tensor): a Tensor was made, a leaf or an op's output;
+- ``"op run"`` (output): an op made ``output`` (its ``op`` names it);
+- ``"grad allocated"`` (tensor): a grad buffer was allocated;
+- ``"step done"`` (op, name, snapshots): a backward step ran; ``snapshots`` is the list
+  ``backward(trace=True)`` returns, else None;
+- ``"product counted"`` (phase, flops): a matrix product ran, 2·m·n·k FLOPs.
+
+The engine publishes an op's events only while some block watches (``modes.config.watchers``),
+so an op that nobody watches pays one test. ``trace`` and ``count_ops`` subscribe; the engine imports neither.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,29 +19,37 @@ from typing import Callable, Iterator
 
 from .modes import watching
 
-_recorders: list[list] = []
-_observers: list[Callable] = []
+EVENTS = ("tensor created", "op run", "grad allocated", "step done", "product counted")
+_subscribers: dict[str, list[Callable]] = {event: [] for event in EVENTS}
 
 
-def created(output) -> None:
-    """Tell every open ``record_tensors`` and ``observe_ops`` that an op made ``output``."""
-    if _recorders:
-        _recorders[-1].append(output)
-    for observe in _observers:
-        observe(output)
+def publish(event: str, *args) -> None:
+    """Call every subscriber of ``event`` with ``args``."""
+    for callback in _subscribers[event]:
+        callback(*args)
+
+
+def subscribe(event: str, callback: Callable) -> None:
+    """Call ``callback`` on every ``event`` from now on (while anything watches the engine)."""
+    _subscribers_of(event).append(callback)
 
 
 @contextlib.contextmanager
-def observe_ops(callback: Callable) -> Iterator[None]:
-    """Call ``callback(output)`` for every op output made inside the block, from inside the op:
-    ``sys._getframe(3)`` in the callback is the op's own frame (``ag.remat.capture`` reads the
-    op's arguments there)."""
-    with watching(_observers, callback):
+def subscribed(event: str, callback: Callable) -> Iterator[None]:
+    """Call ``callback`` on every ``event`` inside the block, and make the engine publish meanwhile."""
+    with watching(_subscribers_of(event), callback):
         yield
+
+
+def _subscribers_of(event: str) -> list[Callable]:
+    if event not in _subscribers:
+        raise ValueError(f"hooks: no event named {event!r}; the events are {', '.join(EVENTS)}")
+    return _subscribers[event]
 
 
 @contextlib.contextmanager
 def record_tensors() -> Iterator[list]:
     """Collect, in order, every Tensor that an op creates inside the block (with or without grad)."""
-    with watching(_recorders, []) as made:
+    made: list = []
+    with subscribed("op run", made.append):
         yield made

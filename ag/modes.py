@@ -29,7 +29,7 @@ def no_grad() -> Iterator[None]:
 
 @contextlib.contextmanager
 def watching(registry: list, watcher) -> Iterator:
-    """Put ``watcher`` (a trace timeline, a ``record_tensors`` list, an ``observe_ops`` callback, a
+    """Put ``watcher`` (a trace timeline, a ``record_tensors`` list, an event's subscriber, a
     ``count_ops`` count) in ``registry`` for the block, and count the block in ``config.watchers``:
     only while one is open does the engine call the hooks, 0.1 µs an op otherwise. The watcher leaves
     by identity (empty lists are equal), also when the block raises."""

@@ -2,9 +2,10 @@
 
 A Tensor holds a NumPy ``value``; an op computes its output's value, then defines a
 ``_backward(out, saved)`` closure that reads ``out.grad`` and the values the op saved for it
-(``saves=``, and nothing else) and adds into the inputs' ``grad``; ``make_output`` wraps
-both. ``backward()`` sorts the graph topologically (inputs before outputs) and runs the
-closures in reverse, exactly as the lecture does, with these memory rules:
+(``saves=``, and nothing else) and returns its inputs' grads, one for each input in order
+(None where none is needed); ``make_output`` wraps both. ``backward()`` sorts the graph
+topologically (inputs before outputs), runs the closures in reverse and adds each returned grad
+into its input's ``grad``, exactly as the lecture does, with these memory rules:
 
 1. no grad buffer is allocated in forward;
 2. a grad is allocated the first time something flows into it;
@@ -12,24 +13,28 @@ closures in reverse, exactly as the lecture does, with these memory rules:
 4. nothing is computed along paths that lead to no ``requires_grad=True`` tensor;
 5. leaves keep (and accumulate) their grad;
 6. the graph is freed as backward walks it, so a second ``backward()`` raises; a value
-   made inside a block that ``release_unneeded`` closed goes after the last step that reads it.
+   made inside a block that ``release_unneeded`` closed goes after the last step that reads it;
+7. a value no backward step reads is freed once nothing but the graph holds its tensor (as in
+   torch, ``relu(h @ w + b)`` keeps only the relu's output);
+8. a returned grad becomes ``.grad`` without a copy when nothing else holds it: a fresh array,
+   or the output's own grad when nothing reads that after the step; any other is copied.
 
 A tensor with a ``rematerializer`` is not a checkpoint: its value is discarded as
 soon as the op that consumed it has run, and recomputed when a backward step
-needs it (``ag.discard``). When a step's grad may be handed on without a copy is
-``ag.handover``'s rule.
+needs it (``ag.discard``).
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Sequence
 
 import numpy as np
 
-from . import handover, hooks, trace
-from .arrays import array_module, as_array, is_bfloat16, numeric_array, unbroadcast
+from . import hooks
+from .arrays import array_module, as_array, is_bfloat16, numeric_array, unbroadcast, writeable
 from .discard import discard_value_if_has_rematerializer, rematerialize
 from .errors import GraphError
-from .modes import config, phase
+from .modes import config
 from .tensor_base import TensorBase
 
 Rematerializer = Callable[[], np.ndarray]
@@ -68,7 +73,7 @@ class Tensor(TensorBase):
         self._needed_by = 0                     # how many backward steps still read this value
         self._internal = False                  # made inside a block release_unneeded closed
         if config.watchers:
-            trace.watch_value(self, config.phase)  # first: an eager grad takes the number its value got
+            hooks.publish("tensor created", self)  # first: an eager grad takes the number its value got
         if requires_grad or config.eager_grads:
             self._start_grad(requires_grad)
 
@@ -82,7 +87,7 @@ class Tensor(TensorBase):
         self.requires_grad = bool(requires_grad) or floating
         if config.eager_grads:  # the lecture's "before": a grad buffer for every tensor, at birth
             self.grad = np.zeros_like(self.value)
-            trace.watch_grad(self)
+            hooks.publish("grad allocated", self)
 
     @property
     def is_leaf(self) -> bool:
@@ -107,32 +112,42 @@ class Tensor(TensorBase):
 
 class Saved:
     """What a backward step may read: the values its op declared (``saves=``, and the output's
-    own with ``saves_output=True``). ``saved[t]`` is ``t``'s value; any other tensor is an error."""
+    own with ``saves_output=True``). ``saved[t]`` is ``t``'s value; any other tensor is an error.
+    ``saved.writable_grad()`` is the output's grad for the step to compute its input's grad in."""
 
-    __slots__ = ("op", "tensors")
+    __slots__ = ("output", "tensors", "grad_is_free")
 
-    def __init__(self, op: str, tensors: tuple[Tensor, ...]) -> None:
-        self.op, self.tensors = op, tensors
+    def __init__(self, output: Tensor, tensors: tuple[Tensor, ...]) -> None:
+        self.output, self.tensors = output, tensors
+        self.grad_is_free = _grad_freed_after_its_step(output)
 
     def __getitem__(self, tensor: Tensor) -> np.ndarray:
         for t in self.tensors:
             if t is tensor:
                 return t.value
-        raise GraphError(f"backward of {self.op} reads the value of {tensor.describe()}, which its "
+        raise GraphError(f"backward of {self.output.op} reads the value of {tensor.describe()}, which its "
                          "forward did not save: declare it in make_output(saves=...), or "
                          "saves_output=True for the output")
 
+    def writable_grad(self) -> np.ndarray:
+        """The output's grad itself when nothing reads it after this step, else a copy: an op may
+        compute its input's grad in it (``g *= mask``) and return it, with no second buffer."""
+        grad = self.output.grad
+        return grad if self.grad_is_free else grad.copy()
 
-Backward = Callable[[Tensor, Saved], None]
+
+Grads = Sequence[np.ndarray | None]
+Backward = Callable[[Tensor, Saved], Grads]
 
 
 def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
                 saves: Sequence[Tensor] = (), saves_output: bool = False) -> Tensor:
     """Wrap an op's result and, if any input requires grad, attach the op's backward.
 
-    ``saves`` lists the inputs whose values the backward reads, ``saves_output`` says it reads
-    the output's own value. The engine calls ``backward(output, saved)`` with exactly those
-    values in ``saved``, and rematerialization restores exactly those.
+    ``backward(output, saved)`` returns one grad for each of ``inputs``, in order (None for an
+    input that needs none). ``saves`` lists the inputs whose values it reads, ``saves_output``
+    says it reads the output's own value: ``saved`` holds exactly those, and rematerialization
+    restores exactly those.
     """
     if type(value) is np.ndarray and value.dtype.kind in "biufc" and not (config.watchers or config.eager_grads):
         output = _plain_output(value, op)
@@ -140,35 +155,63 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
         output = Tensor(value)
         output.op = op
     if config.grad_enabled:
-        grad_inputs = inputs
         for t in inputs:
-            if not t.requires_grad:  # the common case, every input requiring grad, makes no tuple
-                grad_inputs = tuple([t for t in inputs if t.requires_grad])
+            if t.requires_grad:
+                _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
                 break
-        if grad_inputs:
-            output.requires_grad = True
-            output.inputs = tuple(grad_inputs)
-            output._backward = backward
-            if saves:
-                output._saved = saves = tuple(saves)
-                for t in saves:
-                    t._needed_by += 1
-            if saves_output:
-                output._saves_output = True
-                output._needed_by += 1
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
-    if config.watchers:  # a trace timeline, record_tensors or observe_ops is open
-        hooks.created(output)
-        trace.record(config.phase, op, None)  # phase is "recompute" when a rematerializer runs it
+        if t.inputs:
+            _free_values_only_the_graph_holds(t)
+    if config.watchers:  # a trace timeline, record_tensors, capture or count_ops is open
+        hooks.publish("op run", output)  # its phase is "recompute" when a rematerializer runs it
     return output
+
+
+def _attach(output: Tensor, inputs: tuple[Tensor, ...], backward: Backward,
+            saves: tuple[Tensor, ...], saves_output: bool) -> None:
+    """Put ``output`` in the graph: its inputs, its backward and the values that reads."""
+    output.requires_grad = True
+    output.inputs = inputs
+    output._backward = backward
+    if saves:
+        output._saved = saves
+        for t in saves:
+            t._needed_by += 1
+    if saves_output:
+        output._saves_output = True
+        output._needed_by += 1
+
+
+def _free_values_only_the_graph_holds(tensor: Tensor) -> None:
+    """Free the value of each op output among ``tensor``'s inputs that no backward step reads,
+    once nothing but ``tensor``'s place in the graph holds it: the user dropped it, as the
+    temporary ``h @ w`` in ``relu(h @ w + b)`` (torch frees it then too). One that another op
+    also holds is kept."""
+    for t in tensor.inputs:
+        # tensor's references to t, this loop's variable and getrefcount's own argument
+        if (t._needed_by == 0 and t.value is not None and t.op is not None
+                and sys.getrefcount(t) == _references(tensor, t) + 2):
+            t.value = None
+
+
+def _references(node: Tensor, t: Tensor) -> int:
+    """How many references ``node``'s place in the graph holds to ``t``: in its inputs and in its
+    closure's cells."""
+    count = sum(x is t for x in node.inputs)
+    for cell in node._backward.__closure__ or ():
+        try:
+            count += cell.cell_contents is t
+        except ValueError:  # a cell of a variable not bound yet holds nothing
+            continue
+    return count
 
 
 def _plain_output(value: np.ndarray, op: str) -> Tensor:
     """``Tensor(value)`` with its ``op`` for an op's NumPy result when nothing watches and grads
-    are lazy: the same fields, set without ``__init__``'s call and checks (0.1 µs of a tiny op's
-    1.2). tests/test_engine.py checks every field against ``Tensor(value)``'s."""
+    are lazy: the same fields, set without ``__init__``'s call and checks. tests/test_engine.py
+    checks every field against ``Tensor(value)``'s."""
     output = _new_object(Tensor)
     output.op = op
     output.value = value
@@ -201,12 +244,13 @@ def topological_sort(root: Tensor) -> list[Tensor]:
             continue
         visited.add(id(node))
         stack.append((node, True))
-        stack.extend((t, False) for t in node.inputs if id(t) not in visited)
+        stack.extend((t, False) for t in node.inputs if t.requires_grad and id(t) not in visited)
     return order
 
 
 def backward(root: Tensor, grad=None, *, retain_graph: bool = False, trace: bool = False):
-    """Run every recorded ``_backward`` closure from ``root`` down to the leaves."""
+    """Run every recorded ``_backward`` closure from ``root`` down to the leaves; with
+    ``trace=True`` return a snapshot after each step (``ag.trace`` takes them)."""
     seed = _seed_grad(root, grad)
     if root.grad is None:
         root.grad = seed
@@ -224,19 +268,21 @@ def backward_from_grad(root: Tensor, *, retain_graph: bool = False, trace: bool 
     keep_graph = retain_graph or config.eager_grads
     while order:
         label = backward_step(order.pop(), keep_graph)
-        if label is not None:  # the node is gone: a value nothing else reads is freed before we measure
-            _record_step(*label, snapshots)
+        if label is not None and (config.watchers or trace):  # the node is gone: measured without it
+            hooks.publish("step done", *label, snapshots)
     return snapshots
 
 
 def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:
-    """One step of ``backward``: run ``node``'s closure if a grad reached it, free its grad
-    (rule 3) and, unless ``keep_graph``, its part of the graph. Returns (op, name) for non-leaves."""
+    """One step of ``backward``: run ``node``'s closure if a grad reached it and add the grads it
+    returns into its inputs, free its grad (rule 3) and, unless ``keep_graph``, its part of the
+    graph. Returns (op, name) for non-leaves."""
     if node._graph_freed:
         raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
                          "backward() freed; pass retain_graph=True to the first call")
     if node._backward is not None and node.grad is not None:
-        _run_step(node)
+        incoming = id(node.grad)  # an id, not the array: a step that hands the grad on (checkpoint) frees it
+        pass_grads(node, _run_step(node), incoming)
     ### BEGIN SOLUTION
     if not (node.is_leaf or node._retains_grad or config.eager_grads):
         node.grad = None
@@ -259,15 +305,17 @@ def _seed_grad(root: Tensor, grad) -> np.ndarray:
             raise GraphError(f"backward: {root.describe()} has shape {root.shape}; backward() "
                              "without a grad argument needs a scalar (one element)")
         return np.ones_like(root.value)
-    grad = array_module(root.value).asarray(grad, dtype=root.dtype).copy()
+    xp = np if type(root.value) is np.ndarray else array_module(root.value)  # CuPy for a GPU array
+    grad = xp.asarray(grad, dtype=root.dtype).copy()
     if grad.shape != root.shape:
         raise GraphError(f"backward: grad of shape {grad.shape} does not match "
                          f"{root.describe()} of shape {root.shape}")
     return grad
 
 
-def _run_step(node: Tensor) -> None:
-    """One backward step: beam back the values it reads, run its closure on them, discard them again."""
+def _run_step(node: Tensor) -> Grads:
+    """One backward step: beam back the values it reads, run its closure on them, discard them
+    again; returns the grads the closure computed."""
     needed = node._saved + ((node,) if node._saves_output else ())
     if any(t.value is None for t in needed):  # something this step reads was discarded
         ### BEGIN SOLUTION
@@ -275,8 +323,7 @@ def _run_step(node: Tensor) -> None:
             if t.value is None:
                 t.value = rematerialize(t, f"backward of {node.op}")
         ### END SOLUTION
-    with handover.step(node), phase("backward"):
-        node._backward(node, Saved(node.op, needed))
+    grads = call_backward(node, needed)
     for t in needed:
         t._needed_by -= 1
         if t.rematerializer is not None:  # only a value that can come back may go
@@ -284,6 +331,49 @@ def _run_step(node: Tensor) -> None:
             if t._needed_by <= 0:  # no step left reads it
                 discard_value_if_has_rematerializer(t)
             ### END SOLUTION
+    return grads
+
+
+def call_backward(node: Tensor, needed: tuple[Tensor, ...]) -> Grads:
+    """``node``'s closure on the values it reads, under the phase label "backward" (``count_ops``
+    and tracing file what runs there); set here, not by ``modes.phase``, so that stepping into a
+    backward step lands in this file and the op's."""
+    previous, config.phase = config.phase, "backward"
+    try:
+        return node._backward(node, Saved(node, needed))
+    finally:
+        config.phase = previous
+
+
+def _grad_freed_after_its_step(node: Tensor) -> bool:
+    """Whether rule 3 frees ``node``'s grad after its step: then nothing reads it after the step."""
+    return not (node.is_leaf or node._retains_grad or config.eager_grads)
+
+
+def pass_grads(node: Tensor, grads: Grads, incoming: int) -> None:
+    """Add each grad ``node``'s step returned into its input's ``.grad``. One that nothing else
+    holds becomes the grad without a copy (rule 8): a fresh array, each once, or the step's
+    incoming grad (id ``incoming``, or a view of it) once, when nothing reads it after the step."""
+    if grads is None:  # a closure that added into its inputs' grads itself (accumulate_grad copies)
+        return
+    if len(grads) != len(node.inputs):
+        raise GraphError(f"backward of {node.op} returned {len(grads)} grads for its "
+                         f"{len(node.inputs)} inputs: one for each input, None where none is needed")
+    handed_over: set[int] = set()
+    incoming_is_free = _grad_freed_after_its_step(node)
+    for t, grad in zip(node.inputs, grads):
+        if grad is None or not t.requires_grad:
+            continue
+        grad = _shaped_like(t, grad)
+        if id(grad) == incoming or (grad.base is not None and id(grad.base) == incoming):
+            key = incoming if incoming_is_free else None
+        else:
+            key = id(grad) if grad.base is None else None  # a view of another array is not its own
+        free = grad.flags.writeable if type(grad) is np.ndarray else writeable(grad)  # NumPy's flag, fast
+        owned = key is not None and key not in handed_over and free
+        if owned:
+            handed_over.add(key)
+        accumulate_grad(t, grad, owned)
 
 
 def _free_graph(node: Tensor) -> None:
@@ -296,23 +386,26 @@ def _free_graph(node: Tensor) -> None:
     node._graph_freed = True
 
 
-def _record_step(op: str, name: str | None, snapshots: list | None) -> None:
-    trace.record("backward", op, name)
-    if snapshots is not None:
-        snapshots.append(trace.snapshot_trace(op, "backward", name))
-
-
-def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
-    """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
+def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> None:
+    """``tensor.grad += grad``, allocating the buffer the first time something flows in; an
+    ``owned`` grad (an array nothing else holds) becomes the buffer itself, any other is copied."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(as_array(grad), tensor.shape)
-    if grad.dtype != tensor.dtype:
-        grad = grad.astype(tensor.dtype)
+    grad = _shaped_like(tensor, grad)
     ### BEGIN SOLUTION
     if tensor.grad is None:
-        tensor.grad = grad if handover.can_own(grad) else grad.copy()
-        trace.watch_grad(tensor)  # tracing files the new buffer under "gradients"
+        tensor.grad = grad if owned else grad.copy()
+        if config.watchers:
+            hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
     ### END SOLUTION
+
+
+def _shaped_like(tensor: Tensor, grad) -> np.ndarray:
+    """``grad`` as an array of ``tensor``'s shape (summed over broadcast axes) and dtype."""
+    if type(grad) is not np.ndarray:
+        grad = as_array(grad)
+    if grad.shape != tensor.shape:
+        grad = unbroadcast(grad, tensor.shape)
+    return grad if grad.dtype == tensor.dtype else grad.astype(tensor.dtype)

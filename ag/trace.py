@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
+from . import hooks
 from .export import export_perfetto, export_torch_snapshot  # noqa: F401  (ag.trace.export_*)
-from .modes import watching
+from .modes import config, watching
 
-if TYPE_CHECKING:  # the engine imports trace, so trace names Tensor only for the type checker
+if TYPE_CHECKING:  # trace observes the engine's events; it names Tensor only for the type checker
     from .tensor import Tensor
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain
@@ -250,9 +251,19 @@ def tracing(device="cpu") -> Iterator[list[Snapshot]]:
 
 
 def record(phase: str, op: str, tensor: str | None) -> None:
-    """Called by the engine after each op and backward step; a no-op unless a timeline is open."""
+    """A snapshot after an op or a backward step, in every open timeline; a no-op unless one is open."""
     if _timelines:
         _record_snapshot(phase, op, tensor)
+
+
+def _op_run(output) -> None:
+    record(config.phase, output.op, None)  # the phase is "recompute" when a rematerializer runs it
+
+
+def _step_done(op: str, name: str | None, snapshots: list | None) -> None:
+    record("backward", op, name)
+    if snapshots is not None:
+        snapshots.append(snapshot_trace(op, "backward", name))
 
 
 def _record_snapshot(phase: str, op: str, tensor: str | None) -> None:
@@ -276,17 +287,17 @@ _states: list = []  # (weak reference to a state array, its parameter, its name,
 _numbers = itertools.count()
 
 
-def watch_value(tensor, phase: str = "forward") -> None:
-    """Called by the engine for every Tensor it makes, in ``phase``: counted by category while a
-    timeline is open (a tensor a rematerializer makes counts as recomputed)."""
+def watch_value(tensor) -> None:
+    """Every Tensor made while a timeline is open is counted by category (one a rematerializer
+    makes counts as recomputed)."""
     if _timelines:
         _made[tensor] = next(_numbers)
-        if phase == "recompute":
+        if config.phase == "recompute":
             _recomputed.add(tensor)
 
 
 def watch_grad(tensor) -> None:
-    """Called by the engine when a grad buffer is allocated."""
+    """A grad buffer allocated while a timeline is open is counted under "gradients"."""
     if _timelines and tensor not in _graded:
         _graded[tensor] = _made[tensor] if tensor in _made else next(_numbers)
 
@@ -423,16 +434,22 @@ def count_ops() -> Iterator[OpCounts]:
 
     Only products count: elementwise ops are O(size) and vanish next to them.
     """
-    with watching(_counters, OpCounts()) as counts:  # the ops call count_matmul only while watched
+    with watching(_counters, OpCounts()) as counts:  # the ops publish their products only while watched
         yield counts
 
 
 def count_matmul(phase: str, flops: int) -> None:
-    """Called for every matrix product while something watches (``modes.watching``); a no-op
-    unless ``count_ops`` is open."""
+    """Count one matrix product in every open ``count_ops``; a no-op unless one is open."""
     for counts in _counters:
         counts.matmuls[phase] += 1
         counts.flops[phase] += flops
+
+
+hooks.subscribe("tensor created", watch_value)
+hooks.subscribe("op run", _op_run)
+hooks.subscribe("grad allocated", watch_grad)
+hooks.subscribe("step done", _step_done)
+hooks.subscribe("product counted", count_matmul)
 
 
 def _numpy_traces() -> Counter:

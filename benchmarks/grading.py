@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -103,6 +104,12 @@ def time_by_exercise(reports) -> str:
     return ", ".join(f"{name.split('_')[0]} {s:.2f}" for name, s in seconds.items()) + f", the rest {rest:.2f}"
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + sys) of the processes this one started and waited for: judges, their workers."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--students", type=int, default=CLASS, help=f"class size K (default {CLASS})")
@@ -137,6 +144,8 @@ def main() -> None:
     print(f"\n{seconds:.1f} s in all, {per_student:.2f} s per student ({args.jobs} at a time)")
     print(f"a class of {CLASS}: {class_seconds / 60:.1f} min{scaled}")
     print(f"one student's grading, seconds by exercise: {time_by_exercise(reports)}")
+    print(f"CPU: {children_cpu() / (args.students + args.slow):.2f} s a student (the judges' and workers' user + sys: "
+          "less sensitive than the wall time to other load on the machine)")
     missed = missed_marks(reports)
     print("every student got full marks" if not missed else f"MISSED: {len(missed)} student(s) without full marks")
     for line in missed[:10]:

@@ -1,12 +1,12 @@
 """Exercise 1: Discarding the grad.
 
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
-into it (accumulate_grad, which every op's _backward(out, saved) calls with a grad computed
-from out.grad and the values its forward saved): take the incoming array itself where
-handover.can_own(grad) allows it (an array that nothing else holds, such as a fresh product,
-may become the grad as it is; a view or out.grad still read later may not), else a copy, and
-tell tracing with trace.watch_grad(tensor). Free a non-leaf tensor's grad right after its
-own backward step (backward_step, which backward runs for each node in turn).
+into it (accumulate_grad, which the engine calls with each grad an op's _backward(out,
+saved) returns): take the incoming array itself when it is owned (an array that nothing else
+holds, such as a fresh product, may become the grad as it is), else a copy, and, while
+anything watches (config.watchers), publish the "grad allocated" event (hooks.publish) so
+that tracing sees the new buffer. Free a non-leaf tensor's grad right after its own backward
+step (backward_step, which backward runs for each node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex1_discard_grad.py
@@ -21,32 +21,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from ag import handover, trace
-from ag.arrays import as_array, unbroadcast
+from ag import hooks
 from ag.errors import GraphError
 from ag.modes import config
-from ag.tensor import Tensor, _free_graph, _run_step
+from ag.tensor import Tensor, _free_graph, _run_step, _shaped_like, pass_grads
 
 
-def accumulate_grad(tensor: Tensor, grad: np.ndarray) -> None:
-    """``tensor.grad += grad``, allocating the buffer the first time something flows in."""
+def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> None:
+    """``tensor.grad += grad``, allocating the buffer the first time something flows in; an
+    ``owned`` grad (an array nothing else holds) becomes the buffer itself, any other is copied."""
     if not tensor.requires_grad:
         return
-    grad = unbroadcast(as_array(grad), tensor.shape)
-    if grad.dtype != tensor.dtype:
-        grad = grad.astype(tensor.dtype)
+    grad = _shaped_like(tensor, grad)
     # YOUR CODE HERE
     raise NotImplementedError()
 
 
 def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:
-    """One step of ``backward``: run ``node``'s closure if a grad reached it, free its grad
-    (rule 3) and, unless ``keep_graph``, its part of the graph. Returns (op, name) for non-leaves."""
+    """One step of ``backward``: run ``node``'s closure if a grad reached it and add the grads it
+    returns into its inputs, free its grad (rule 3) and, unless ``keep_graph``, its part of the
+    graph. Returns (op, name) for non-leaves."""
     if node._graph_freed:
         raise GraphError(f"backward: {node.describe()} is part of a graph that an earlier "
                          "backward() freed; pass retain_graph=True to the first call")
     if node._backward is not None and node.grad is not None:
-        _run_step(node)
+        incoming = id(node.grad)  # an id, not the array: a step that hands the grad on (checkpoint) frees it
+        pass_grads(node, _run_step(node), incoming)
     # YOUR CODE HERE
     raise NotImplementedError()
     if not keep_graph and not node.is_leaf:

@@ -15,8 +15,6 @@ import ag
 
 AG = Path(ag.__file__).resolve().parent
 OPS_SOURCES = sorted((AG / "ops").glob("*.py"))
-# the engine's own helpers a backward step still enters, until the handover and events rework
-WAITING_FOR_THE_HANDOVER_REWORK = {"handover.py", "modes.py", "trace.py", "arrays.py", "tensor_base.py"}
 
 
 def ag_code_entered_in_backward_of_relu_of_matmul() -> dict[str, set[str]]:
@@ -40,18 +38,13 @@ def ag_code_entered_in_backward_of_relu_of_matmul() -> dict[str, set[str]]:
 
 
 def test_backward_of_one_matmul_and_one_relu_enters_the_two_ops_closures_and_no_other_op_code():
-    """Of ag/ops/, only the two closures run (and matmul's own product helpers); of the rest,
-    tensor.py and the engine helpers listed in WAITING_FOR_THE_HANDOVER_REWORK."""
+    """Of ag/ops/, only the two closures run (and matmul's own product helpers)."""
     assert not ag.lab.enabled()
     entered = ag_code_entered_in_backward_of_relu_of_matmul()
     ops = {f: names for f, names in entered.items() if f.startswith("ops/")}
     assert ops == {"ops/matmul.py": {"_backward", "_product", "_as_matrix"}, "ops/unary.py": {"_backward"}}, ops
-    others = set(entered) - set(ops) - {"tensor.py"}
-    assert others <= WAITING_FOR_THE_HANDOVER_REWORK, others
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the handover rework: backward still enters handover.py, "
-                                       "modes.py, trace.py, arrays.py and tensor_base.py")
 def test_backward_of_one_matmul_and_one_relu_enters_tensor_py_and_the_two_ops_files_and_nothing_else():
     assert set(ag_code_entered_in_backward_of_relu_of_matmul()) == {"tensor.py", "ops/matmul.py", "ops/unary.py"}
 

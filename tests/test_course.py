@@ -65,7 +65,8 @@ WRONG_SOLUTIONS = {
     "retain_grad_ignored": (1, "node.is_leaf or node._retains_grad or", "node.is_leaf or"),
     "value_never_discarded": (2, "        tensor.value = None\n", "        pass\n"),
     "first_block_returned": (3, "    m = np.maximum(a.m, b.m)\n", "    return a\n"),
-    "float32_accumulator": (4, "acc = np.zeros(q_i.shape, dtype=dtype)", "acc = np.zeros(q_i.shape, dtype=np.float32)"),
+    "float32_accumulator": (4, "acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=dtype)",
+                            "acc = np.zeros(q_i.shape[:-1] + vg.shape[-1:], dtype=np.float32)"),
     "float32_probabilities": (5, "p = tiles.exp(s)\n", "p = tiles.exp(s).astype(np.float32)\n"),
 }
 
@@ -91,6 +92,29 @@ def test_the_long_chain_optimum_the_graded_test_expects_is_the_dynamic_programs(
     got = [remat.predict(profile, remat.plan(40, "optimal", chain=profile, budget_bytes=b)).recompute_flops
            for b in graded.LONG_BUDGETS]
     assert tuple(got) == graded.LONG_OPTIMUM
+
+
+
+
+def test_a_package_that_stubs_exercise_4_or_5_holds_none_of_the_labs_flash_loops(tmp_path):
+    """The lab's fixed-shift forward and base-2 backward solve exercises 4 and 5 another way: a handout or
+    a worker that stubs either gets functions that refuse, and ag still imports with them; the TA's keeps them."""
+    from ag.course.assign import package_files
+    name = "ag/lab/flash_loops.py"
+    assert package_files(set())[name] == (Path(course.__file__).parents[1] / "lab" / "flash_loops.py").read_bytes()
+    for stub in ({4}, {5}, {4, 5, 1}):
+        files = package_files(stub)
+        assert b"matmul" not in files[name] and b"for k_start" not in files[name], stub
+    assert package_files({1})[name] == package_files(set())[name]
+    for name, data in package_files({5}).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    code = ("import ag, ag.lab.flash_loops as loops\n"
+            "try:\n    loops.base2_backward(None)\nexcept NotImplementedError as error:\n    print(error)")
+    run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {code}"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "exercises 4 and 5" in run.stdout
 
 
 @pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)

@@ -229,7 +229,7 @@ def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block
     x = ag.Tensor(np.ones(3), requires_grad=True)
     seen = []
     with pytest.raises(RuntimeError):
-        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.observe_ops(seen.append), \
+        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.subscribed("op run", seen.append), \
                 ag.count_ops() as counts:
             assert config.watchers == 4
             y = ag.tanh(x)
@@ -250,3 +250,25 @@ def test_under_eager_grads_a_traced_tensors_grad_is_named_after_its_value():
     names = {(b.kind, b.name) for b in timeline[-1].buffers}
     for kind, name in list(names):
         assert ("value", name) in names and ("grad", name) in names, names
+
+
+def test_each_event_of_the_engine_reaches_its_subscribers_and_an_unknown_event_is_refused():
+    from ag import hooks
+    x = ag.Tensor(np.ones((2, 2)), requires_grad=True)
+    seen = {event: [] for event in hooks.EVENTS}
+    blocks = [hooks.subscribed(event, lambda *args, event=event: seen[event].append(args)) for event in hooks.EVENTS]
+    for block in blocks:
+        block.__enter__()
+    try:
+        y = ag.matmul(x, x)
+        ag.sum(y).backward()
+    finally:
+        for block in reversed(blocks):
+            block.__exit__(None, None, None)
+    assert [args[0].op for args in seen["op run"]] == ["matmul", "sum"]
+    assert seen["product counted"] == [("forward", 16), ("backward", 16), ("backward", 16)]
+    assert [args[:2] for args in seen["step done"]] == [("sum", None), ("matmul", None)]
+    assert [args[0] for args in seen["grad allocated"]] == [y, x]
+    assert len(seen["tensor created"]) >= 2
+    with pytest.raises(ValueError, match="no event named 'tensor made'; the events are tensor created"):
+        hooks.subscribe("tensor made", print)

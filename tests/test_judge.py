@@ -1,5 +1,6 @@
 """The judge's parts: the data channel, probes cut from test files, the checks' messages."""
 import importlib
+import importlib.util
 import os
 import shutil
 import socket
@@ -289,3 +290,57 @@ def test_a_judge_silent_past_the_student_limit_is_stopped_and_the_student_not_gr
         assert time.perf_counter() - started < 30 and judge.process.poll() is not None
     finally:
         judge.close()
+
+
+BOUNDED = '''\
+import pytest
+
+from ag.course import probe
+
+WORKER_ADDRESS_SPACE = 1 << 29
+CALLS = []
+
+
+@probe
+def limit_and_calls(ex):
+    import resource
+    CALLS.append(1)
+    return [resource.getrlimit(resource.RLIMIT_AS)[0], len(CALLS)]
+
+
+@pytest.mark.points(1)
+def test_first(worker):
+    assert worker.once(limit_and_calls) == [1 << 29, 1]
+
+
+@pytest.mark.points(1)
+def test_second(worker):
+    assert worker.once(limit_and_calls) == [1 << 29, 1]
+    assert worker(limit_and_calls) == [1 << 29, 2]
+'''
+
+
+def test_a_test_file_bounds_its_workers_address_space_and_a_shared_probe_runs_once_per_submission(tmp_path):
+    tests = tmp_path / "graded"
+    tests.mkdir()
+    (tests / "test_ex3_bounded.py").write_text(BOUNDED)
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    shutil.copy(REPO / "solutions" / EX3.filename, submission)
+    report = course.grade(submission, tests)
+    assert [(t.status, t.output) for t in report.tests] == [("passed", ""), ("passed", "")]
+
+
+def test_the_workers_ag_comes_with_bytecode_that_python_reads_only_while_its_source_is_unchanged(tmp_path):
+    files = payload.with_bytecode({"pkg/__init__.py": b"X = 1\n"})
+    cached = importlib.util.cache_from_source("pkg/__init__.py", optimization="")
+    assert set(files) == {"pkg/__init__.py", cached}
+    for path, data in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(data)
+    load = [sys.executable, "-I", "-B", "-v", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import pkg; "
+            "print(pkg.X)", str(tmp_path)]
+    first = subprocess.run(load, capture_output=True, text=True)
+    assert first.stdout == "1\n" and f"{tmp_path / cached} matches {tmp_path / 'pkg' / '__init__.py'}" in first.stderr
+    (tmp_path / "pkg" / "__init__.py").write_bytes(b"X = 2\n")
+    assert subprocess.run(load, capture_output=True, text=True).stdout == "2\n"

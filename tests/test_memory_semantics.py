@@ -162,6 +162,58 @@ def test_eager_grads_mode_allocates_every_grad_in_the_constructor(rng):
     assert h.grad is not None  # never freed in the "before" engine
 
 
+def _layer(rng, d_in=D):
+    w = ag.Tensor(rng.standard_normal((d_in, D)) / 16, requires_grad=True)
+    return w, ag.Tensor(np.zeros(D), requires_grad=True)
+
+
+def test_a_value_no_backward_step_reads_is_freed_once_only_the_graph_holds_it(rng):
+    x, (w, b) = ag.Tensor(rng.standard_normal((B, D))), _layer(rng)
+    loss = ag.sum(ag.relu(x @ w + b))
+    out = loss.inputs[0]
+    biased = out.inputs[0]
+    product = biased.inputs[0]
+    assert (product.op, biased.op, out.op) == ("matmul", "add", "relu")
+    assert product.value is None and biased.value is None  # add reads nothing, relu only its output
+    assert out.value is not None and x.value is not None
+    loss.backward()
+    expected_mask = (x.value @ w.value + b.value) > 0
+    np.testing.assert_allclose(w.grad, x.value.T @ expected_mask.astype(float))
+
+
+def test_a_value_you_hold_a_name_for_is_kept_though_no_backward_step_reads_it(rng):
+    x, (w, b) = ag.Tensor(rng.standard_normal((B, D))), _layer(rng)
+    product = x @ w
+    loss = ag.sum(ag.relu(product + b))
+    assert product.value is not None and loss.inputs[0].inputs[0].value is None
+    del product  # no op is built after it: backward frees it with the graph
+    loss.backward()
+    assert w.grad is not None
+
+
+def test_an_mlp_written_as_relu_of_h_at_w_plus_b_peaks_at_what_backward_reads_plus_its_grads(rng):
+    """relu(h @ w + b) for each layer, no linear, no release_unneeded: the step peaks in the last
+    layer's matmul step, holding the relu outputs that backward reads, the incoming grad, the
+    grad of the last relu output being made and the last layer's weight and bias grads."""
+    n_layers = 4
+    x = ag.Tensor(rng.standard_normal((B, D)))
+    layers = [_layer(rng) for _ in range(n_layers)]
+    trace.start_trace()
+    h = x
+    for i, (w, b) in enumerate(layers):
+        h = h @ w + b
+        if i < n_layers - 1:
+            h = ag.relu(h)
+    loss = ag.mean(h)
+    del h
+    loss.backward()
+    peak = trace.snapshot_trace().peak_bytes
+    trace.end_trace()
+    kept = (n_layers - 1) * ACT          # the relu outputs: each read by its own step and the next matmul's
+    grads = 2 * ACT + WEIGHT + D * 8     # the incoming grad, the one being made, the last w's and b's
+    assert kept + grads <= peak < kept + grads + 64 * 1024  # and Python's own objects
+
+
 def test_release_unneeded_keeps_exactly_what_backward_reads(rng):
     x = ag.Tensor(rng.standard_normal((B, D)))
     w = ag.Tensor(rng.standard_normal((D, D)), requires_grad=True)

@@ -14,8 +14,8 @@ def python_blocks(page: str) -> str:
 def test_readme_tour_runs_and_prints_the_figures_it_quotes(capsys):
     exec(compile(python_blocks("README.md"), "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "memory allocated: 98 MB" in out
-    assert "(1000, 1000) [131, 98, 65, 8]" in out
+    assert "memory allocated: 32 MB" in out
+    assert "(1000, 1000) [65, 32, 32, 8]" in out
 
 
 def test_api_page_examples_run_after_the_tour_and_print_the_figures_they_quote(capsys):

@@ -3,8 +3,10 @@
 Each case copies solutions/ and replaces ONE exercise file by the student's stub (exercises/)
 with one function written the lazy way: merging two softmax blocks by returning the first, the
 optimal plan by searching every plan, the flash loops by calling naive attention copied from the
-public references (tests/grading/references/), the lecture's memory table and the recomputation count by patching ag's own
-``demo.matmul_chain``, ``trace`` and ``count_ops`` from the module. Each is graded once through
+public references (tests/grading/references/) over every key, over only the keys a query can
+see, or over each query tile's whole row of keys in turn, the lecture's memory table and the
+recomputation count by patching ag's own ``demo.matmul_chain``, ``trace`` and ``count_ops``
+from the module. Each is graded once through
 the CLI and must score 0 on every test of its exercise (hidden ones included) and full marks on
 every other test.
 """
@@ -51,6 +53,33 @@ NAIVE_FORWARD = """
 def tiled_forward(tiles, q, k, v, out=None):
     \"\"\"Naive attention, the public reference's: the whole score matrix at once.\"\"\"
     o, lse = attention(q, k, v, tiles.causal)
+    if out:
+        out[0][...], out[1][...] = o, lse
+        return out
+    return o, lse
+"""
+
+VISIBLE_KEYS_FORWARD = """
+def tiled_forward(tiles, q, k, v, out=None):
+    \"\"\"Naive attention over only the keys some query can see: the whole score matrix of those.\"\"\"
+    stop = tiles.key_tiles(0, tiles.heads.n_q).stop
+    o, lse = attention(q, k[..., :stop, :], v[..., :stop, :], tiles.causal)
+    if out:
+        out[0][...], out[1][...] = o, lse
+        return out
+    return o, lse
+"""
+
+WHOLE_ROWS_FORWARD = """
+def tiled_forward(tiles, q, k, v, out=None):
+    \"\"\"A loop over query tiles, each holding its whole row of scores over the keys it sees: no
+    online softmax.\"\"\"
+    o, lse = np.zeros(q.shape), np.full(q.shape[:-1], -np.inf)
+    for q_start in range(0, tiles.heads.n_q, tiles.block_q):
+        rows = slice(q_start, q_start + tiles.block_q)
+        stop = tiles.key_tiles(q_start, min(q_start + tiles.block_q, tiles.heads.n_q)).stop
+        causal = "bottom_right" if tiles.causal else False  # this tile's rows end where their keys do
+        o[..., rows, :], lse[..., rows] = attention(q[..., rows, :], k[..., :stop, :], v[..., :stop, :], causal)
     if out:
         out[0][...], out[1][...] = o, lse
         return out
@@ -120,6 +149,8 @@ ATTACKS = {
     "brute_force_search": (6, BRUTE_FORCE, ""),
     "naive_forward_from_the_references": (4, NAIVE_FORWARD + from_the_references("attention"), ""),
     "naive_backward_from_the_references": (5, NAIVE_BACKWARD + from_the_references("attention_grads"), ""),
+    "naive_forward_over_the_visible_keys": (4, VISIBLE_KEYS_FORWARD + from_the_references("attention"), ""),
+    "whole_rows_of_each_query_tile": (4, WHOLE_ROWS_FORWARD + from_the_references("attention"), ""),
     "faked_lecture_table": (1, "", FAKE_LECTURE_TABLE),
     "faked_recompute_count": (2, "", FAKE_COUNT),
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ag import course, handover, trace
+from ag import course, hooks, trace
 from ag.attention.shapes import check_shapes
 from ag.attention.tiles import Tiles
 
@@ -119,7 +119,8 @@ def test_student_md_says_how_to_install_check_grade_and_what_to_upload_in_which_
 
 def test_each_statement_explains_the_names_it_asks_the_student_to_use():
     ex1, ex4 = (next(e for e in course.EXERCISES if e.number == n).statement for n in (1, 4))
-    assert re.search(r"handover\.can_own\(grad\) allows it \([^)]*nothing else holds", ex1)
+    assert re.search(r"when it is owned \([^)]*nothing else holds", ex1)
+    assert re.search(r"publish the \"grad allocated\" event \(hooks\.publish\)", ex1)
     assert re.search(r"qg, kg, vg are q, k, v viewed by tiles\.grouped as \(\.\.\., h_kv, group, n, d\)", ex4)
     assert re.search(r"tiles\.key_tiles\(q_start, q_stop\) the k_start of each key tile", ex4)
 
@@ -127,8 +128,8 @@ def test_each_statement_explains_the_names_it_asks_the_student_to_use():
 @pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)
 def test_every_name_of_ag_a_statement_cites_exists(exercise):
     q = np.zeros((1, 2, 4, 8))
-    owners = {"handover": handover, "trace": trace, "tiles": Tiles(check_shapes("tiles", q, q, q), False, 1.0, 2, 2)}
-    for owner, name in re.findall(r"\b(handover|trace|tiles)\.([A-Za-z_]\w*)", exercise.statement):
+    owners = {"hooks": hooks, "trace": trace, "tiles": Tiles(check_shapes("tiles", q, q, q), False, 1.0, 2, 2)}
+    for owner, name in re.findall(r"\b(hooks|trace|tiles)\.([A-Za-z_]\w*)", exercise.statement):
         assert hasattr(owners[owner], name), f"exercise {exercise.number} cites {owner}.{name}, which does not exist"
 
 

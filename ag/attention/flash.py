@@ -9,7 +9,7 @@ import numpy as np
 
 from ..arrays import array_module
 from ..ops.kernels import KERNELS, classroom
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 from .backward import tiled_backward
 from .forward import tiled_forward
 from .naive import check_value_shape
@@ -49,11 +49,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
         return (o, lse) if return_lse else o
     tq, tk, tv = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        dq, dk, dv = backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
-        for t, g in ((tq, dq), (tk, dk), (tv, dv)):
-            if t.requires_grad:
-                accumulate_grad(t, g)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
     out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
     return (out, lse) if return_lse else out
 

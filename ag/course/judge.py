@@ -9,13 +9,16 @@ nothing it patches, prints or exits with reaches a verdict.
 It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytest collects the
 tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
 worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
-fails, the next starts afresh), and records each test's result. The results are written only
+fails, the next starts afresh), and records each test's result. A test file may bound its
+exercise's worker tighter than the sandbox does (``WORKER_ADDRESS_SPACE``, bytes), so that a probe
+size is decisive; a probe several tests share runs once (``worker.once``). The results are written only
 after every worker process is gone. A submission has a wall-clock budget on top of the per-test
 timeout: once it is spent, the test running fails and the ones after it fail at once, each saying so.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -28,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from . import payload
+from . import channel, payload
 from .checks import fenced
 from .exercises import exercise_of
-from .sandbox import SandboxError, StudentError, Worker, kill_all
+from .sandbox import ADDRESS_SPACE, SandboxError, StudentError, Worker, kill_all
 from .worker import clip
 
 MAX_TEST_OUTPUT = 4000
@@ -57,6 +60,8 @@ class Session:
         self.order: list[str] = []
         self.results: dict[str, dict] = {}
         self.probes_per_exercise: dict[int, int] = {}
+        self.address_space: dict[int, int] = {}  # the exercises whose test files bound their worker tighter
+        self.once: dict[str, tuple[bool, object]] = {}  # worker.once's data (or failure) by probe and arguments
         self.worker: Worker | None = None
         self.worker_exercise = None
         self.secrets = payload.secrets(tests, submission, hide)
@@ -75,10 +80,21 @@ class Session:
                                       "visibility": "after_published" if hidden else "visible",
                                       "name": f"{exercise.module_name}: {item.name}"}
             self.probes_per_exercise[exercise.number] = self.probes_per_exercise.get(exercise.number, 0) + 1
+            self._bound(exercise, item)
         order = {item.nodeid: i for i, item in enumerate(items)}
         items.sort(key=lambda item: (self.meta[item.nodeid]["exercise"].number,
                                      self.meta[item.nodeid]["visibility"] != "visible", order[item.nodeid]))
         self.order = [item.nodeid for item in items]
+
+    def _bound(self, exercise, item) -> None:
+        """Take the test file's ``WORKER_ADDRESS_SPACE``, if any: the exercise's worker gets the least named."""
+        limit = getattr(getattr(item, "module", None), "WORKER_ADDRESS_SPACE", None)
+        if limit is None:
+            return
+        if type(limit) is not int or not 0 < limit <= ADDRESS_SPACE:
+            raise pytest.UsageError(f"{item.path.name}: WORKER_ADDRESS_SPACE must be a number of bytes from 1 to "
+                                    f"{ADDRESS_SPACE:,} (the sandbox's own limit), got {limit!r}")
+        self.address_space[exercise.number] = min(limit, self.address_space.get(exercise.number, limit))
 
     def run_probe(self, exercise, probe, args, kwargs):
         """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot,
@@ -117,7 +133,8 @@ class Session:
                 worker = Worker(payload.worker_files(exercise, self.submission, self.tests),
                                 {"exercise": exercise.number}, label=f"your {exercise.filename}",
                                 timeout=min(self.timeout, self._left()), slot=self.slot, hide=self.secrets,
-                                probes=self.probes_per_exercise.get(exercise.number, 1))
+                                probes=self.probes_per_exercise.get(exercise.number, 1),
+                                address_space=self.address_space.get(exercise.number, ADDRESS_SPACE))
                 worker.start()
             except StudentError as error:
                 self.broken[exercise.number] = str(error)
@@ -182,20 +199,42 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         _session.collect(items)
 
 
-@pytest.fixture
-def worker(request):
+class Probes:
     """``worker(probe, *args, **kwargs)``: run ``probe`` in the sandbox on the student's exercise
-    and these arguments (plain data and NumPy arrays), and return what it returned, as data."""
-    if _session is None:
-        raise pytest.UsageError("graded tests run under `ag grade` (python -m ag.course.judge)")
-    exercise = _session.meta[request.node.nodeid]["exercise"]
+    and these arguments (plain data and NumPy arrays), and return what it returned, as data.
+    ``worker.once(probe, *args, **kwargs)``: the same, run once per submission; a later call with
+    the same probe and arguments gets the same data or fails the same way (a long probe that
+    several tests check)."""
 
-    def run(probe, *args, **kwargs):
+    def __init__(self, session: Session, exercise) -> None:
+        self.session, self.exercise = session, exercise
+
+    def __call__(self, probe, *args, **kwargs):
         try:
-            return _session.run_probe(exercise, probe, args, kwargs)
+            return self.session.run_probe(self.exercise, probe, args, kwargs)
         except SandboxError as error:
             pytest.exit(f"ag grade: {error}", returncode=3)
-    return run
+
+    def once(self, probe, *args, **kwargs):
+        request = channel.encode([f"{probe.__module__}:{probe.__qualname__}", list(args), dict(kwargs)])
+        key = hashlib.sha256(request).hexdigest()
+        if key not in self.session.once:
+            try:
+                self.session.once[key] = (True, self(probe, *args, **kwargs))
+            except StudentError as error:
+                self.session.once[key] = (False, str(error))
+        ran, value = self.session.once[key]
+        if not ran:
+            raise StudentError(value)
+        return value
+
+
+@pytest.fixture
+def worker(request) -> Probes:
+    """The student's exercise, through its sandboxed worker (``Probes``)."""
+    if _session is None:
+        raise pytest.UsageError("graded tests run under `ag grade` (python -m ag.course.judge)")
+    return Probes(_session, _session.meta[request.node.nodeid]["exercise"])
 
 
 def pytest_runtest_setup(item) -> None:

@@ -63,12 +63,14 @@ def install(namespace: dict, exercise: str) -> types.ModuleType:
 def worker(namespace: dict, exercise: str) -> Callable:
     """The graded tests' ``worker`` fixture in a notebook: ``worker(probe, *args)`` runs the probe
     on the notebook's functions (installed into ag first) with the data round-tripped through the
-    judge's channel, so arguments are copies and results plain data, as under ``ag grade``."""
+    judge's channel, so arguments are copies and results plain data, as under ``ag grade``.
+    ``worker.once`` runs the probe again each time: a kernel keeps no probe's data between tests."""
     module = install(namespace, exercise)
 
     def run(probe, *args, **kwargs):
         args, kwargs = channel.decode(channel.encode([list(args), kwargs]))
         return channel.decode(channel.encode(probe(module, *args, **kwargs)))
+    run.once = run
     return run
 
 

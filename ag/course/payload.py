@@ -4,7 +4,8 @@ The sandbox only isolates: it writes the files it is handed under the worker's r
 the paths it is told to. The choice is made here, for one exercise of one submission:
 
 - ``lib/ag/...``: ag's package with that exercise stubbed (``assign.package_files({N})``), so the
-  exercise runs the student's code and every other exercise the library's solution;
+  exercise runs the student's code and every other exercise the library's solution, each module
+  with its bytecode compiled here once per exercise (``with_bytecode``), so no worker compiles ag;
 - ``lib/test_exN_*.py``: the exercise's public test files without their checks (``probe_source``);
 - ``lib/<helper>.py``: the other public ``.py`` files of the tests folder that the probes import
   (not ``test_*``, not ``conftest*``; nothing of ``hidden/``);
@@ -13,6 +14,9 @@ the paths it is told to. The choice is made here, for one exercise of one submis
 from __future__ import annotations
 
 import ast
+import functools
+import importlib.util
+import marshal
 import tempfile
 from pathlib import Path
 
@@ -25,7 +29,7 @@ INSTRUCTOR_MARKS = ("ag", "ag-src", "pyproject.toml", "solutions")  # a folder h
 
 def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str, bytes]:
     """The files of the worker for ``exercise``, keyed by their path under the sandbox's root."""
-    files = {f"lib/{path}": data for path, data in package_files({exercise.number}).items()}
+    files = {f"lib/{path}": data for path, data in _package(exercise.number).items()}
     for test_file in sorted(tests.glob(f"test_ex{exercise.number}_*.py")):
         files[f"lib/{test_file.name}"] = probe_source(test_file).encode()
     for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (zero_pages.py); not references/, a folder
@@ -35,6 +39,29 @@ def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str,
         if mine.is_file() and mine.stat().st_size <= MAX_SUBMITTED_FILE:
             files[f"submission/{mine.name}"] = mine.read_bytes()
     return files
+
+
+@functools.lru_cache(maxsize=None)
+def _package(number: int) -> dict[str, bytes]:
+    """ag with exercise ``number`` stubbed, with its bytecode: the same for every student."""
+    return with_bytecode(package_files({number}))
+
+
+def with_bytecode(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` and, beside each module, its bytecode where Python looks for it (``__pycache__``),
+    checked against the source's hash (PEP 552), not its time: valid wherever the files are written,
+    and ignored if the source differs. The worker's Python is this one, so it reads them as they are."""
+    compiled = {importlib.util.cache_from_source(path, optimization=""): bytecode(path, source)
+                for path, source in files.items() if path.endswith(".py")}
+    return {**files, **compiled}
+
+
+@functools.lru_cache(maxsize=None)
+def bytecode(path: str, source: bytes) -> bytes:
+    """A checked hash-based .pyc of ``source`` (most of ag is the same for every exercise: compiled once)."""
+    code = compile(source, path, "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source)
+    return header + marshal.dumps(code)
 
 
 def secrets(tests: Path, submission: Path, extra=()) -> list[Path]:

@@ -4,8 +4,9 @@ Every op is a plain function in the ``ag`` namespace (``ag.matmul(a, b)``) and, 
 Python has one, an operator on Tensor (``a @ b``). Each reads in the same order: check the
 inputs, compute the value, define ``_backward(out, saved)``, return ``make_output``. The
 closure reads ``out.grad`` and ``saved[t]`` for exactly the tensors the op declared in
-``saves=`` (``saved[out]`` with ``saves_output=True``), and adds into its inputs' grads with
-``accumulate_grad``, which allocates lazily and undoes broadcasting.
+``saves=`` (``saved[out]`` with ``saves_output=True``) and returns its inputs' grads, one for
+each input (None where none is needed); the engine adds them into the inputs' ``.grad``,
+allocating lazily and undoing broadcasting.
 
 ``sum``, ``max`` and ``pow`` are the lecture's names; inside ag they are called as
 ``ops.sum`` so that no other module shadows Python's built-ins.

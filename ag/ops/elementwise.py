@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .operands import broadcast as _broadcast, needs as _needs, operand as _operand, operands as _operands
 
@@ -14,9 +14,8 @@ def add(a, b) -> Tensor:
     _broadcast("add", a.shape, b.shape)
     value = a.value + b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad)
-        accumulate_grad(b, out.grad)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return out.grad, out.grad
     return make_output(value, "add", (a, b), _backward)
 
 
@@ -26,10 +25,8 @@ def sub(a, b) -> Tensor:
     _broadcast("sub", a.shape, b.shape)
     value = a.value - b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad)
-        if b.requires_grad:
-            accumulate_grad(b, np.negative(out.grad))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return out.grad, (np.negative(out.grad) if b.requires_grad else None)
     return make_output(value, "sub", (a, b), _backward)
 
 
@@ -39,11 +36,9 @@ def mul(a, b) -> Tensor:
     _broadcast("mul", a.shape, b.shape)
     value = a.value * b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        if a.requires_grad:
-            accumulate_grad(a, out.grad * saved[b])
-        if b.requires_grad:
-            accumulate_grad(b, out.grad * saved[a])
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad * saved[b] if a.requires_grad else None,
+                out.grad * saved[a] if b.requires_grad else None)
     return make_output(value, "mul", (a, b), _backward, saves=_needs(a, b))
 
 
@@ -53,12 +48,10 @@ def div(a, b) -> Tensor:
     _broadcast("div", a.shape, b.shape)
     value = a.value / b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         b_value = saved[b]
-        if a.requires_grad:
-            accumulate_grad(a, out.grad / b_value)
-        if b.requires_grad:
-            accumulate_grad(b, -out.grad * saved[a] / (b_value * b_value))
+        return (out.grad / b_value if a.requires_grad else None,
+                -out.grad * saved[a] / (b_value * b_value) if b.requires_grad else None)
     return make_output(value, "div", (a, b), _backward, saves=(b,) + ((a,) if b.requires_grad else ()))
 
 
@@ -69,11 +62,10 @@ def pow(a, exponent: float) -> Tensor:
         raise TypeError(f"pow: the exponent must be a number, got {type(exponent).__name__}")
     value = a.value ** exponent
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         if exponent == 0:  # a ** 0 is constant; a ** -1 at a = 0 would make 0 * inf = NaN
-            accumulate_grad(a, np.zeros_like(out.grad))
-        else:
-            accumulate_grad(a, out.grad * (exponent * saved[a] ** (exponent - 1)))
+            return (np.zeros_like(out.grad),)
+        return (out.grad * (exponent * saved[a] ** (exponent - 1)),)
     return make_output(value, "pow", (a,), _backward, saves=(a,))
 
 
@@ -82,6 +74,6 @@ def neg(a) -> Tensor:
     a = _operand("neg", a)
     value = np.negative(a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, np.negative(out.grad))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (np.negative(out.grad),)
     return make_output(value, "neg", (a,), _backward)

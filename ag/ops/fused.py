@@ -7,8 +7,7 @@ import numpy as np
 
 from ..arrays import array_module
 from ..errors import ShapeError
-from ..handover import grad_to_overwrite
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS, classroom
 from .operands import operand as _operand
@@ -28,18 +27,14 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
     y *= gamma.value
     y += beta.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         dy = out.grad
         x_hat = np.empty_like(saved[x])
         dx = np.empty_like(saved[x]) if x.requires_grad else None
         KERNELS.layer_norm_grad(x_hat, dx, dy, saved[x], saved[gamma], eps)
         axes = tuple(range(x.ndim - 1))
-        if gamma.requires_grad:
-            accumulate_grad(gamma, np.sum(dy * x_hat, axis=axes))
-        if beta.requires_grad:
-            accumulate_grad(beta, np.sum(dy, axis=axes))
-        if dx is not None:
-            accumulate_grad(x, dx)
+        return (dx, np.sum(dy * x_hat, axis=axes) if gamma.requires_grad else None,
+                np.sum(dy, axis=axes) if beta.requires_grad else None)
     return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
 
 
@@ -118,11 +113,11 @@ def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.nda
     y = x.value * mask
     y *= keep
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        g = grad_to_overwrite(out)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        g = saved.writable_grad()
         KERNELS.multiply(g, mask, out=g)
         KERNELS.multiply(g, keep, out=g)
-        accumulate_grad(x, g)
+        return (g,)
     return make_output(y, "dropout", (x,), _backward)
 
 
@@ -136,10 +131,10 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
     y = np.empty_like(s.value)
     KERNELS.scaled_masked_softmax(y, s.value, s.dtype.type(scale), causal)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        g = grad_to_overwrite(out)  # each row reads its dy before it writes it
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        g = saved.writable_grad()  # each row reads its dy before it writes it
         KERNELS.softmax_grad(g, saved[out], out.ndim - 1, scale)
-        accumulate_grad(s, g)
+        return (g,)
     return make_output(y, "scaled_masked_softmax", (s,), _backward, saves_output=True)
 
 

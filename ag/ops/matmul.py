@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 
-from .. import trace
+from .. import hooks
 from ..errors import ShapeError
 from ..modes import config
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS
 from .operands import needs as _needs, operand as _operand, operands as _operands
@@ -19,17 +19,20 @@ def matmul(a, b) -> Tensor:
     a, b = _operands("matmul", a, b)
     _check_matmul(a, b)
     value = _product(a.value, b.value)
+    a_vector, b_vector = a.ndim == 1, b.ndim == 1
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad
-        if a.ndim == 1 or b.ndim == 1:  # as np.matmul does: a vector is a one-row or one-column matrix
+        if a_vector or b_vector:  # as np.matmul does: a vector is a one-row or one-column matrix
             g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
+        ga = gb = None
         if a.requires_grad:
             ga = _product(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
-            accumulate_grad(a, ga[..., 0, :] if a.ndim == 1 else ga)
+            ga = ga[..., 0, :] if a_vector else ga
         if b.requires_grad:
             gb = _product(np.swapaxes(_as_matrix(saved[a], row=True), -1, -2), g)
-            accumulate_grad(b, gb[..., 0] if b.ndim == 1 else gb)
+            gb = gb[..., 0] if b_vector else gb
+        return ga, gb
     return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
 
 
@@ -55,14 +58,13 @@ def linear(x, w, b=None) -> Tensor:
     if b is not None:
         value += b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad.reshape(-1, out.shape[-1])
-        if x.requires_grad:
-            accumulate_grad(x, _product(g, saved[w].T, x.shape))
-        if w.requires_grad:
-            accumulate_grad(w, _product(saved[x].reshape(-1, x.shape[-1]).T, g))
-        if b is not None and b.requires_grad:
-            accumulate_grad(b, g.sum(axis=0))
+        dx = _product(g, saved[w].T, x.shape) if x.requires_grad else None
+        dw = _product(saved[x].reshape(-1, x.shape[-1]).T, g) if w.requires_grad else None
+        if b is None:
+            return dx, dw
+        return dx, dw, (g.sum(axis=0) if b.requires_grad else None)
     inputs = (x, w) if b is None else (x, w, b)
     return make_output(value, "linear", inputs, _backward, saves=_needs(x, w))
 
@@ -76,7 +78,7 @@ def _product(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None)
     else:
         product = KERNELS.matmul(x, y) if type(x) is np.ndarray else _device_product(x, y)
     if config.watchers:  # count_ops among them
-        trace.count_matmul(config.phase, 2 * product.size * x.shape[-1])
+        hooks.publish("product counted", config.phase, 2 * product.size * x.shape[-1])
     return product
 
 

@@ -6,8 +6,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError
-from ..handover import grad_to_overwrite
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS, classroom
 from .operands import expand as _expand, normalize_axes as _axes, normalize_axis as _axis, operand as _operand
@@ -29,8 +28,8 @@ def sum(a, axis=None, keepdims: bool = False) -> Tensor:
     axes = _axes("sum", axis, len(a.shape))
     value = KERNELS.sum(a.value, axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape),)
     return make_output(value, "sum", (a,), _backward)
 
 
@@ -41,8 +40,8 @@ def mean(a, axis=None, keepdims: bool = False) -> Tensor:
     n = math.prod(a.shape[ax] for ax in axes)
     value = np.mean(a.value, axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, np.broadcast_to(_expand(out.grad, axes, keepdims) / n, a.shape))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (np.broadcast_to(_expand(out.grad, axes, keepdims) / n, a.shape),)
     return make_output(value, "mean", (a,), _backward)
 
 
@@ -54,10 +53,10 @@ def max(a, axis=None, keepdims: bool = False) -> Tensor:
         raise ShapeError(f"max: cannot take the max of an empty tensor of shape {a.shape}")
     value = np.max(a.value, axis=axes, keepdims=keepdims)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         is_max = saved[a] == _expand(saved[out], axes, keepdims)
         share = _expand(out.grad, axes, keepdims) / np.sum(is_max, axis=axes, keepdims=True)
-        accumulate_grad(a, np.where(is_max, share, 0).astype(a.dtype, copy=False))
+        return (np.where(is_max, share, 0).astype(a.dtype, copy=False),)
     return make_output(value, "max", (a,), _backward, saves=(a,), saves_output=True)
 
 
@@ -67,9 +66,9 @@ def logsumexp(a, axis=None, keepdims: bool = False) -> Tensor:
     axes = _axes("logsumexp", axis, a.ndim)
     value = _logsumexp(a.value, axes, keepdims)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         lse = _expand(saved[out], axes, keepdims)
-        accumulate_grad(a, _expand(out.grad, axes, keepdims) * _exp_shifted(saved[a], lse))
+        return (_expand(out.grad, axes, keepdims) * _exp_shifted(saved[a], lse),)
     return make_output(value, "logsumexp", (a,), _backward, saves=(a,), saves_output=True)
 
 
@@ -81,7 +80,7 @@ def finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 def exp_flushed(x, lowest=None, flush_masked: bool = True):
     """e^x in x's buffer, and 0 where x <= ``EXP_FLOOR``, where e^x would be a subnormal number
-    (some CPUs compute those many times as slowly; BENCHMARKS.md, "History"). Such an x is raised
+    (some CPUs compute those many times as slowly). Such an x is raised
     to the floor's next number and its result multiplied by 0, without a branch. ``lowest``, a
     lower bound on x's finite entries known beforehand, saves the min over x. With
     ``flush_masked=False`` an x holding -inf (a mask) is not flushed. A NaN stays NaN. Only NumPy's
@@ -141,10 +140,10 @@ def softmax(a, axis: int = -1) -> Tensor:
     exp_flushed(y, flush_masked=False)
     divide_by_row_sums(y, ax)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        g = grad_to_overwrite(out)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        g = saved.writable_grad()
         KERNELS.softmax_grad(g, saved[out], ax)
-        accumulate_grad(a, g)
+        return (g,)
     return make_output(y, "softmax", (a,), _backward, saves_output=True)
 
 
@@ -154,7 +153,7 @@ def log_softmax(a, axis: int = -1) -> Tensor:
     ax = _axis("log_softmax", axis, a.ndim)
     value = a.value - _logsumexp(a.value, (ax,), keepdims=True)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         p = exp_flushed(saved[out].copy(), flush_masked=False)
-        accumulate_grad(a, out.grad - p * np.sum(out.grad, axis=ax, keepdims=True))
+        return (out.grad - p * np.sum(out.grad, axis=ax, keepdims=True),)
     return make_output(value, "log_softmax", (a,), _backward, saves_output=True)

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .operands import (broadcast as _broadcast, normalize_axes as _axes, normalize_axis as _axis,
                        operand as _operand, operands as _operands)
@@ -22,8 +22,8 @@ def reshape(a, *shape) -> Tensor:
         raise ShapeError(f"reshape: cannot reshape a tensor of shape {a.shape} "
                          f"({a.size} elements) to {shape}") from None
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad.reshape(a.shape))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad.reshape(a.shape),)
     return make_output(value, "reshape", (a,), _backward)
 
 
@@ -38,8 +38,8 @@ def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
     inverse = tuple(int(i) for i in np.argsort(perm))
     value = np.transpose(a.value, perm)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, np.transpose(out.grad, inverse))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (np.transpose(out.grad, inverse),)
     return make_output(value, "transpose", (a,), _backward)
 
 
@@ -53,13 +53,13 @@ def getitem(a, index) -> Tensor:
         raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
     basic = _is_basic(index)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         g = np.zeros_like(out.grad, shape=a.shape)
         if basic:
             g[index] = out.grad
         else:
             np.add.at(g, index, out.grad)
-        accumulate_grad(a, g)
+        return (g,)
     return make_output(value, "getitem", (a,), _backward)
 
 
@@ -89,9 +89,8 @@ def concat(tensors: Sequence, axis: int = 0) -> Tensor:
     ends = np.cumsum([t.shape[ax] for t in tensors])[:-1]
     value = np.concatenate([t.value for t in tensors], axis=ax)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        for t, g in zip(tensors, np.split(out.grad, ends, axis=ax)):
-            accumulate_grad(t, g)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return np.split(out.grad, ends, axis=ax)
     return make_output(value, "concat", tensors, _backward)
 
 
@@ -105,10 +104,8 @@ def where(condition, a, b) -> Tensor:
     _broadcast("where", cond.shape, a.shape, b.shape)
     value = np.where(cond, a.value, b.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         zero = out.grad.dtype.type(0)
-        if a.requires_grad:
-            accumulate_grad(a, np.where(cond, out.grad, zero))
-        if b.requires_grad:
-            accumulate_grad(b, np.where(cond, zero, out.grad))
+        return (np.where(cond, out.grad, zero) if a.requires_grad else None,
+                np.where(cond, zero, out.grad) if b.requires_grad else None)
     return make_output(value, "where", (a, b), _backward)

@@ -5,8 +5,7 @@ import math
 
 import numpy as np
 
-from ..handover import grad_to_overwrite
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS, classroom
 from .operands import operand as _operand
@@ -17,8 +16,8 @@ def exp(a) -> Tensor:
     a = _operand("exp", a)
     value = np.exp(a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad * saved[out])
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad * saved[out],)
     return make_output(value, "exp", (a,), _backward, saves_output=True)
 
 
@@ -27,8 +26,8 @@ def log(a) -> Tensor:
     a = _operand("log", a)
     value = np.log(a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad / saved[a])
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad / saved[a],)
     return make_output(value, "log", (a,), _backward, saves=(a,))
 
 
@@ -37,8 +36,8 @@ def sqrt(a) -> Tensor:
     a = _operand("sqrt", a)
     value = np.sqrt(a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(a, out.grad / (2 * saved[out]))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad / (2 * saved[out]),)
     return make_output(value, "sqrt", (a,), _backward, saves_output=True)
 
 
@@ -47,10 +46,10 @@ def relu(a) -> Tensor:
     a = _operand("relu", a)
     value = KERNELS.maximum(a.value, 0)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        g = grad_to_overwrite(out)  # in place: no second grad-sized buffer
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        g = saved.writable_grad()  # in place: no second grad-sized buffer
         KERNELS.multiply(g, saved[out] > 0, out=g)
-        accumulate_grad(a, g)
+        return (g,)
     return make_output(value, "relu", (a,), _backward, saves_output=True)
 
 
@@ -59,9 +58,9 @@ def tanh(a) -> Tensor:
     a = _operand("tanh", a)
     value = np.tanh(a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         y = saved[out]
-        accumulate_grad(a, out.grad * (1 - y * y))
+        return (out.grad * (1 - y * y),)
     return make_output(value, "tanh", (a,), _backward, saves_output=True)
 
 
@@ -71,9 +70,9 @@ def sigmoid(a) -> Tensor:
     e = np.exp(-np.abs(a.value))  # exp of -|a| only, so that large |a| never overflows
     y = np.where(a.value >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         y = saved[out]
-        accumulate_grad(a, out.grad * y * (1 - y))
+        return (out.grad * y * (1 - y),)
     return make_output(y, "sigmoid", (a,), _backward, saves_output=True)
 
 
@@ -87,10 +86,10 @@ def gelu(a) -> Tensor:
     y = np.empty_like(a.value)  # built in place: one buffer, no temporaries
     KERNELS.gelu(y, a.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        g = grad_to_overwrite(out)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        g = saved.writable_grad()
         KERNELS.gelu_grad(g, saved[a])
-        accumulate_grad(a, g)
+        return (g,)
     return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
 
 

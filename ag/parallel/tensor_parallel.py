@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import memory_model, nn, ops, trace
 from ..tables import table
-from ..tensor import Saved, Tensor, accumulate_grad, make_output
+from ..tensor import Grads, Saved, Tensor, make_output
 from .mpi import Group
 
 
@@ -41,8 +41,8 @@ from .mpi import Group
 
 def copy_to_tensor_region(x: Tensor, group: Group) -> Tensor:
     """f: y = x;  dx = Σ_ranks dy (each rank's heads contributed part of x's gradient)."""
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(x, group.all_reduce(out.grad))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (group.all_reduce(out.grad),)
     return make_output(x.value, "copy_to_tensor_region", (x,), _backward)
 
 
@@ -50,8 +50,8 @@ def reduce_from_tensor_region(x: Tensor, group: Group) -> Tensor:
     """g: y = Σ_ranks x (the row-parallel partial sums);  dx = dy."""
     value = group.all_reduce(x.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(x, out.grad)
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (out.grad,)
     return make_output(value, "reduce_from_tensor_region", (x,), _backward)
 
 
@@ -59,8 +59,8 @@ def reduce_scatter_to_sequence_region(x: Tensor, group: Group) -> Tensor:
     """ḡ: y = this rank's 1/t of Σ_ranks x, split along s;  dx = all-gather(dy)."""
     value = group.reduce_scatter(x.value)
 
-    def _backward(out: Tensor, saved: Saved) -> None:
-        accumulate_grad(x, group.all_gather(out.grad))
+    def _backward(out: Tensor, saved: Saved) -> Grads:
+        return (group.all_gather(out.grad),)
     return make_output(value, "reduce_scatter_to_sequence_region", (x,), _backward)
 
 
@@ -71,15 +71,17 @@ def gathered_linear(x: Tensor, w: Tensor, b: Tensor | None, group: Group) -> Ten
     if b is not None:
         y += b.value
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad
+        dw = db = dx = None
         if w.requires_grad:
             full = group.all_gather(saved[x])
-            accumulate_grad(w, np.matmul(full.reshape(-1, full.shape[-1]).T, g.reshape(-1, g.shape[-1])))
+            dw = np.matmul(full.reshape(-1, full.shape[-1]).T, g.reshape(-1, g.shape[-1]))
         if b is not None and b.requires_grad:
-            accumulate_grad(b, g.reshape(-1, g.shape[-1]).sum(axis=0))
+            db = g.reshape(-1, g.shape[-1]).sum(axis=0)
         if x.requires_grad:
-            accumulate_grad(x, group.reduce_scatter(np.matmul(g, saved[w].T)))
+            dx = group.reduce_scatter(np.matmul(g, saved[w].T))
+        return (dx, dw) if b is None else (dx, dw, db)
     inputs = (x, w) if b is None else (x, w, b)
     return make_output(y, "gathered_linear", inputs, _backward, saves=(x, w))
 

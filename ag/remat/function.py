@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import handover
 from ..modes import no_grad, phase
 from ..discard import release_unneeded
 from ..errors import GraphError
-from ..tensor import Saved, Tensor, accumulate_grad, backward, backward_from_grad, make_output
+from ..tensor import Grads, Saved, Tensor, backward, backward_from_grad, make_output
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
@@ -27,7 +26,7 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
     if not isinstance(y, Tensor):
         raise TypeError(f"checkpoint: fn returned {type(y).__name__}, expected a Tensor")
 
-    def _backward(out: Tensor, saved: Saved) -> None:
+    def _backward(out: Tensor, saved: Saved) -> Grads:
         again = [Tensor(saved[t], requires_grad=t.requires_grad) for t in inputs]
         with phase("recompute"):
             rerun = fn(*again)
@@ -39,22 +38,19 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         if rerun.is_leaf or not rerun.requires_grad or rerun.dtype != out.dtype or rerun.grad is not None:
             backward(rerun, out.grad)
         else:
-            _backward_through(rerun, out)
-        for t, a in zip(inputs, again):
-            if a.grad is not None:
-                accumulate_grad(t, a.grad)
+            _backward_through(rerun, out, saved)
+        return tuple(a.grad for a in again)
     return make_output(y.value, "checkpoint", inputs, _backward, saves=inputs)
 
 
-def _backward_through(rerun: Tensor, out: Tensor) -> None:
+def _backward_through(rerun: Tensor, out: Tensor, saved: Saved) -> None:
     """Backpropagate ``out``'s grad through the rerun block, holding no more than torch's
     checkpoint does: the rerun's output value goes if no step reads it, and ``out``'s grad becomes
     the rerun's without a copy when nothing reads it after this step, so it is freed after the
     rerun's first step, not kept through the whole block's backward."""
     if rerun._needed_by == 0:
         rerun.value = None
-    if handover.can_own(out.grad):  # nothing reads it after this step: handed on, uncopied
-        rerun.grad, out.grad = out.grad, None
-    else:
-        rerun.grad = out.grad.copy()
+    rerun.grad = saved.writable_grad()
+    if rerun.grad is out.grad:  # nothing reads it after this step: handed on, uncopied
+        out.grad = None
     backward_from_grad(rerun)

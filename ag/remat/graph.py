@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..hooks import observe_ops
+from .. import hooks
 from ..modes import config
 from ..tensor import Tensor
 from ..trace import count_ops
@@ -220,7 +220,7 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
     if owns_tracing:
         tracemalloc.start(1)
     try:
-        with count_ops() as recorder.counts, observe_ops(recorder):
+        with count_ops() as recorder.counts, hooks.subscribed("op run", recorder):
             loss = fn(*inputs)
         graph = recorder.graph(loss)
         from .execute import measure
@@ -232,7 +232,7 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
 
 
 class _Recorder:
-    """``observe_ops``'s callback: one entry per op output, read in the op's own frame."""
+    """The "op run" subscriber: one entry per op output, read in the op's own frame."""
 
     def __init__(self) -> None:
         self.counts = None
@@ -242,7 +242,7 @@ class _Recorder:
     def __call__(self, output: Tensor) -> None:
         if not config.grad_enabled:
             return  # an op inside another that runs without a graph (checkpoint): the outer node owns it
-        frame = sys._getframe(3)  # this ← hooks.created ← make_output ← the op
+        frame = sys._getframe(3)  # this ← hooks.publish ← make_output ← the op
         flops = int(sum(self.counts.flops.values()))
         call = _call_of(frame)
         source = None

@@ -35,12 +35,26 @@ def tanh_step(ex, x, w):
     return {"h1": h1.grad, "h2": h2.grad, "loss": loss.grad, "w": w.grad}
 
 
+CHAIN_BATCH, CHAIN_WIDTH, CHAIN_LAYERS = 4096, 256, 5  # the lecture's chain with weights 256 × 256, not 1000 × 1000
+
+
 @probe
-def lecture_chain(ex):
-    """Runs in the worker: the lecture's 5-layer chain of 4096 × 4096 products, traced."""
+def lecture_chain(ex, batch, width, layers):
+    """Runs in the worker: the lecture's chain x = matmul(x, w) over ``layers`` weights (width × width)
+    at ``batch`` rows, traced: MB allocated after each backward step."""
     from ag import demo
-    run = demo.matmul_chain(4096, 5, eager=False)
+    run = demo.matmul_chain(batch, layers, eager=False, width=width)
     return [s.allocated_mb for s in run.backward]
+
+
+def lecture_rule(batch: int, width: int, layers: int) -> list[int]:
+    """MB (10⁶ B) allocated after each backward step of the lecture's chain when each step frees its
+    output's grad, and its value once nothing reads it: after the sum, the L outputs and the last
+    one's grad, a = batch · width · 8 B each; after matmul step i, one a fewer and i weight grads,
+    w = width² · 8 B; after the last (x needs no grad), the L weight grads. At batch 4096 and width
+    1000 this is the lecture's table, [196, 171, 147, 122, 97, 40]."""
+    a, w = batch * width * 8, width * width * 8
+    return [((layers + 1 - i) * a + i * w) // 10**6 for i in range(layers)] + [layers * w // 10**6]
 
 
 HELD_LAYERS, GRAD_MIB = 14, 256  # 14 grads of 256 MiB: 3.5 GiB if kept, under 1 GiB if freed
@@ -101,8 +115,10 @@ def test_backward_frees_the_grad_of_every_non_leaf_and_keeps_the_leaves(worker):
 
 @pytest.mark.points(3)
 def test_backward_memory_matches_the_lecture_table_and_frees_each_grad_under_a_memory_limit(worker):
-    expect_equal(worker(lecture_chain), [196, 171, 147, 122, 97, 40],
-                 what="MB allocated after each backward step (the lecture's table)")
+    expect_equal(worker(lecture_chain, CHAIN_BATCH, CHAIN_WIDTH, CHAIN_LAYERS),
+                 lecture_rule(CHAIN_BATCH, CHAIN_WIDTH, CHAIN_LAYERS),
+                 what=f"MB allocated after each backward step of the lecture's chain at batch {CHAIN_BATCH}, "
+                      f"weights {CHAIN_WIDTH} × {CHAIN_WIDTH} (the lecture's table has weights 1000 × 1000)")
     scales, w = [0.5 + 0.1 * i for i in range(HELD_LAYERS)], np.array([1.0, -2.0, 0.5, 3.0])
     got = worker(held_chain, scales, w)
     expect_close(got["x"], np.prod(scales) * w, rtol=1e-12,

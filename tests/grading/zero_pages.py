@@ -4,7 +4,7 @@ almost no time, since only its first 4 elements are ever written. A top-level fi
 folder, so the worker gets it with the probes that use it."""
 import numpy as np
 
-from ag import tensor  # tensor.accumulate_grad at call time: the student's, once installed
+from ag import tensor  # the engine adds the returned grads with tensor.accumulate_grad: the student's, once installed
 
 
 def scale_head(a, c: float):
@@ -15,7 +15,7 @@ def scale_head(a, c: float):
     def _backward(out, saved):
         g = np.zeros(a.shape)  # zero pages: only the first is touched
         g[:4] = c * out.grad[:4]
-        tensor.accumulate_grad(a, g)
+        return (g,)
     return tensor.make_output(value, "scale_head", (a,), _backward)
 
 
@@ -28,7 +28,7 @@ def sin_head(a):
     def _backward(out, saved):
         g = np.zeros(a.shape)
         g[:4] = np.cos(saved[a][:4]) * out.grad[:4]
-        tensor.accumulate_grad(a, g)
+        return (g,)
     return tensor.make_output(value, "sin_head", (a,), _backward, saves=(a,))
 
 
@@ -38,5 +38,5 @@ def weighted_head(a, w):
     def _backward(out, saved):
         g = np.zeros(a.shape)
         g[:4] = w * out.grad
-        tensor.accumulate_grad(a, g)
+        return (g,)
     return tensor.make_output(np.float64(0), "weighted_head", (a,), _backward)
