@@ -25,17 +25,20 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
 | `remat/` | discard, errors, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
-| `optim` | tensor | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
+| `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
+| `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |
+| `train` | modes, nn, ops, optim, tensor | training on real data: digits (`DigitsMLP`), a character-level transformer on the Zen of Python, `cross_entropy`, `fit` with a progress bar, checkpoints that resume exactly |
+| `wall` | amp, memory_model, nn, ops, optim, tensor, trace | the whole wall: one training step of a GPT-like model by slice, measured beside its formulas, and the `Lever`s that cut them |
 | `offload` | arrays, discard, remat, tensor, trace | offloading a chain's checkpoints to disk (host memory from CuPy) and reading them back early on a thread, against recomputing and keeping |
 | `parallel/` | memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`) |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
 | `course/` | — | the course kit: assign, intake, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |
-| `demo` | attention, memory_model, modes, nn, ops, plot, remat, tables, tensor, trace | the lecture demos |
+| `demo` | attention, memory_model, modes, nn, ops, optim, plot, remat, tables, tensor, trace, train, wall | the lecture demos |
 | `cli` | attention, course, demo, parallel | the `ag` command |
 <!-- module map -->
 """
-from . import attention, lab, memory_model, nn, optim, remat, trace
+from . import amp, attention, lab, memory_model, nn, optim, remat, trace, train, wall
 from .trace import count_ops
 from .ops import (ShapeError, add, concat, div, dropout, exp, gelu, getitem, layer_norm, linear, log,
                   log_softmax, logsumexp, matmul, max, mean, mul, neg, pow, relu, reshape,
@@ -50,7 +53,7 @@ from .tensor import Saved, Tensor, accumulate_grad, backward, make_output, topol
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "optim", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
+    "Tensor", "GraphError", "ShapeError", "trace", "remat", "attention", "lab", "nn", "optim", "amp", "train", "wall", "memory_model", "count_ops", "config", "no_grad", "eager_grads",
     "set_workers",
     "backward", "topological_sort", "accumulate_grad", "unbroadcast", "make_output", "Saved",
     "discard_value_if_has_rematerializer", "release_unneeded",

@@ -37,10 +37,15 @@ def numeric_array(value, name: str | None) -> np.ndarray:
     if hasattr(value, "value") and hasattr(value, "requires_grad"):
         raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
     array = as_array(value)
-    if array.dtype.kind not in "biufc":
+    if array.dtype.kind not in "biufc" and not is_bfloat16(array.dtype):
         raise TypeError(f"Tensor {name or ''}: value must be numeric, got dtype {array.dtype} "
                         f"from {type(value).__name__}")
     return array
+
+
+def is_bfloat16(dtype) -> bool:
+    """ml_dtypes' bfloat16 (a NumPy "V" kind, so not caught by kind "f"): a float a Tensor may hold."""
+    return dtype.name == "bfloat16"
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -27,6 +27,9 @@ DEMOS = {
              "every planner (Checkmate's MILP, LP rounding, DTR, NeMo's modes) on three captured graphs",
     "attention": "peak memory of naive and flash attention as N grows, with a log-log plot",
     "transformer": "activation bytes of float16 transformer layers against sbh(34 + 5as/h), by recomputation",
+    "wall": "one training step of a GPT-like model by slice (parameters, gradients, optimizer state, activations) "
+            "at three sizes and two batch sizes, measured beside the formulas, with mixed precision's cut",
+    "train": "an MLP on scikit-learn's digits and a character-level transformer on the Zen of Python, with progress bars",
     "parallel": f"tensor + sequence parallel layers, bytes per rank; launch as `{PARALLEL_LAUNCH}`",
 }
 # environment variables an MPI launcher sets in every rank (MPICH's hydra, Open MPI, PMIx)
@@ -67,6 +70,10 @@ def _demo(args: argparse.Namespace) -> int:
         demo.attention_demo(args.out, device=args.device)
     elif args.name == "transformer":
         demo.transformer_demo(args.out)
+    elif args.name == "wall":
+        demo.wall_demo(args.out)
+    elif args.name == "train":
+        demo.train_demo(args.out)
     return 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import memory_model, nn, ops, plot, remat, trace
+from . import memory_model, nn, ops, optim, plot, remat, trace, train, wall
 from .attention import flash_attention, naive_attention
 from .plot.html import memory_html
 from .remat import capture, examples
@@ -481,3 +481,52 @@ def transformer_demo(out_dir: str | None = "ag-plots") -> list[ActivationRow]:
     _save_plot(out_dir, "transformer_memory.png", lambda plot, path: plot.measured_vs_predicted(
         activation_series(rows), path=path, title="Activations per transformer layer, float16: measured against formula"))
     return rows
+
+
+# ---- the whole wall, and training on real data ----
+
+def wall_table(bars: list[wall.WallBar]) -> None:
+    """Print each bar's slices in MB, measured (formula), and the step's peak."""
+    rows = [(bar.label, *(f"{bar.measured[s] / trace.MB:.2f} ({bar.predicted[s] / trace.MB:.2f})" for s in wall.SLICES),
+             f"{bar.peak_bytes / trace.MB:.2f}") for bar in bars]
+    table(["step", *(f"{s} MB" for s in wall.SLICES), "peak MB"], rows, left=1)
+
+
+def wall_demo(out_dir: str | None = "ag-plots", levers=("mixed precision",), **sizes) -> list[wall.WallBar]:
+    """Print one Adam step of a GPT-like model by slice at three sizes and two batch sizes, each
+    measured beside its formula, with each lever of ``levers`` added in turn; plot the wall."""
+    bars = wall.wall(levers=levers, **sizes)
+    print("One training step (Adam, dropout 0.1) by slice: measured MB (formula MB), s = sequence length")
+    print("(parameters and optimizer state at the step's end, gradients after backward, activations after")
+    print(" the forward; ZeRO's accounting: 4 + 4 + 8 = 16 bytes a parameter, mixed 2 + 2 + 12 = 16)")
+    print()
+    wall_table(bars)
+    exact = sum(bar.measured == bar.predicted for bar in bars)
+    print(f"\n{exact} of {len(bars)} bars equal their formula to the byte in every slice.")
+    if out_dir is not None:
+        _save_plot(out_dir, "memory_wall.png", lambda plot, path: plot.memory_wall(
+            [(bar.short_label, bar.measured, bar.predicted) for bar in bars], path=path,
+            title="The whole wall: one training step by slice (ticks: formula)"))
+    return bars
+
+
+def train_demo(out_dir: str | None = "ag-plots", digits_steps: int = 500, text_steps: int = 300) -> dict:
+    """Train the digits MLP and the character-level transformer with Adam, with progress bars;
+    print the test accuracy and the loss, and plot the transformer's loss curve."""
+    x, y, x_test, y_test = train.load_digits_split()
+    mlp = train.DigitsMLP()
+    mlp_opt = optim.Adam(list(mlp.parameters()), lr=1e-2)
+    train.fit(train.digits_loss_at(mlp, x, y), mlp_opt, range(digits_steps), desc="digits")
+    accuracy = train.accuracy(mlp, x_test, y_test)
+    print(f"digits: {accuracy:.1%} of {len(y_test)} test images right after {digits_steps} steps")
+    tokens, alphabet = train.encode(train.zen_text())
+    model = train.CharTransformer(len(alphabet))
+    opt = optim.Adam(list(model.parameters()), lr=3e-3)
+    losses = train.fit(train.text_loss_at(model, tokens), opt, range(text_steps), desc="zen")
+    print(f"zen of python: loss {losses[0]:.2f} → {np.mean(losses[-20:]):.2f} (ln {len(alphabet)} = "
+          f"{np.log(len(alphabet)):.2f} is guessing)")
+    if out_dir is not None:
+        _save_plot(out_dir, "train_loss.png", lambda plot, path: plot.loss_curves(
+            {"character-level transformer": losses}, path=path, title="A character-level transformer on the Zen of Python"))
+    return {"accuracy": accuracy, "losses": losses}
+

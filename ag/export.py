@@ -196,7 +196,7 @@ def _holders(s) -> dict:
     """What holds memory at snapshot ``s``: each buffer by its key, and the NumPy bytes no tensor
     holds under ("unknown", size), a key that changes when the size does."""
     holders = {b.key: (b.nbytes, b) for b in s.buffers if b.nbytes > 0}
-    unknown = s.allocated_bytes - sum(s.categories.values())
+    unknown = s.allocated_bytes - sum(n for c, n in s.categories.items() if c != "temporaries")
     if unknown > 0:
         holders[("unknown", unknown)] = (unknown, None)
     return holders

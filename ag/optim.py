@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from . import trace
 from .tensor import Tensor
 
 STEPPABLE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -39,18 +40,30 @@ class Optimizer:
 
     def step(self) -> None:
         """One update of every parameter that has a grad (one without is left alone, as in torch)."""
-        group = self.param_groups[0]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.shape != p.shape:
-                raise ValueError(f"{type(self).__name__}.step: {p.describe()} has shape {p.shape} and a grad "
-                                 f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
-            state = self.state.get(p)
-            if state is None:  # the first step allocates the state, as torch does
-                state = self.state[p] = {"step": 0, **{name: np.zeros_like(p.value) for name in self.state_names}}
-            state["step"] += 1
-            self.update(group, state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
+        for p in self.params:
+            if p.grad is not None:
+                self.step_param(p)
+
+    def step_param(self, p: Tensor) -> None:
+        """Update one parameter with its grad, allocating its state at its first step."""
+        if p.grad.shape != p.shape:
+            raise ValueError(f"{type(self).__name__}.step: {p.describe()} has shape {p.shape} and a grad "
+                             f"of shape {p.grad.shape}; expected a grad of the parameter's shape")
+        state = self.state.get(p)
+        if state is None:  # the first step allocates the state, as torch does
+            state = self.state[p] = self.new_state(p)
+        state["step"] += 1
+        self.update(self.param_groups[0], state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
+        trace.record("optimizer step", type(self).__name__, p.name)
+
+    def new_state(self, p: Tensor) -> dict:
+        """Step 0 and a zero array of ``p``'s shape and dtype for each of ``state_names``, each
+        labelled for tracing as "optimizer state"."""
+        state = {"step": 0}
+        for name in self.state_names:
+            state[name] = np.zeros_like(p.value)
+            trace.watch_state(p, name, state[name])
+        return state
 
     def update(self, group: dict, t: int, theta: np.ndarray, grad: np.ndarray, *state: np.ndarray) -> None:
         """Step ``theta`` in place with ``grad`` and the state arrays (``state_names``) at step ``t``."""
@@ -58,11 +71,7 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every parameter's grad (``set_to_none=True``), or fill it with zeros in place."""
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.fill(0)
+        zero_grads(self.params, set_to_none)
 
     def named_state(self) -> Iterator[tuple[Tensor, str, np.ndarray]]:
         """(parameter, name, array) for every state array held, e.g. (w, "exp_avg", m)."""
@@ -204,6 +213,16 @@ class AdamW(Adam):
     def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def zero_grads(params: Iterable[Tensor], set_to_none: bool = True) -> None:
+    """``zero_grad`` of any optimizer: free each grad, or fill it with zeros; tracing sees the step."""
+    for p in params:
+        if set_to_none:
+            p.grad = None
+        elif p.grad is not None:
+            p.grad.fill(0)
+    trace.record("optimizer step", "zero_grad", None)
 
 
 # ---- checking what an optimizer is given ----

@@ -15,7 +15,8 @@ OKABE_ITO = {
 }
 
 CATEGORY_COLOURS = dict(zip(CATEGORIES, (OKABE_ITO["sky blue"], OKABE_ITO["black"], OKABE_ITO["orange"],
-                                          OKABE_ITO["reddish purple"], OKABE_ITO["bluish green"])))
+                                          OKABE_ITO["reddish purple"], OKABE_ITO["bluish green"],
+                                          OKABE_ITO["blue"], OKABE_ITO["yellow"])))
 SERIES_COLOURS = tuple(OKABE_ITO[c] for c in ("blue", "vermillion", "bluish green", "orange",
                                                 "reddish purple", "sky blue", "black", "yellow"))
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)))

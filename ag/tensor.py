@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import hooks
-from .arrays import array_module, as_array, numeric_array, unbroadcast, writeable
+from .arrays import array_module, as_array, is_bfloat16, numeric_array, unbroadcast, writeable
 from .discard import discard_value_if_has_rematerializer, rematerialize
 from .errors import GraphError
 from .modes import config
@@ -80,7 +80,7 @@ class Tensor(TensorBase):
     def _start_grad(self, requires_grad: bool) -> None:
         """requires_grad for a floating-point tensor (an error for any other), and under
         ``eager_grads`` a zero grad buffer for every tensor."""
-        floating = self.dtype.kind in "fc"
+        floating = self.dtype.kind in "fc" or is_bfloat16(self.dtype)
         if requires_grad and not floating:
             raise TypeError(f"Tensor {self.name or ''}: only floating-point tensors can require grad, "
                             f"got dtype {self.dtype}")

@@ -47,7 +47,9 @@ class TraceError(RuntimeError):
     """Tracing was started twice, or ended without being started."""
 
 
-CATEGORIES = ("inputs", "parameters", "activations kept", "activations recomputed", "gradients")
+CATEGORIES = ("inputs", "parameters", "activations kept", "activations recomputed", "gradients",
+              "optimizer state", "temporaries")
+# "temporaries": NumPy bytes alive that no tensor, grad or optimizer state holds (an op's or a step's scratch)
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,7 @@ def _record_snapshot(phase: str, op: str, tensor: str | None) -> None:
     started = time.perf_counter_ns()
     snap = snapshot_trace(op, phase, tensor)
     categories, buffers = _categories_and_buffers(phase)
+    categories["temporaries"] = max(0, snap.allocated_bytes - sum(categories.values()))
     snap = replace(snap, categories=categories, buffers=buffers, time_ns=started - _session.tracing_ns)
     for timeline in _timelines:
         timeline.append(snap)
@@ -280,6 +283,7 @@ def _record_snapshot(phase: str, op: str, tensor: str | None) -> None:
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _graded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _recomputed: weakref.WeakSet = weakref.WeakSet()  # those made while a rematerializer ran
+_states: list = []  # (weak reference to a state array, its parameter, its name, its number)
 _numbers = itertools.count()
 
 
@@ -298,13 +302,22 @@ def watch_grad(tensor) -> None:
         _graded[tensor] = _made[tensor] if tensor in _made else next(_numbers)
 
 
+def watch_state(param, name: str, array: np.ndarray) -> None:
+    """Called by an optimizer when it allocates ``array``, state ``name`` of ``param`` (Adam's
+    "exp_avg", mixed precision's float32 "master" copy): counted as "optimizer state"."""
+    if _timelines:
+        _states.append((weakref.ref(array), param, name, next(_numbers)))
+
+
 def _categories_and_buffers(phase: str) -> tuple[dict[str, int], tuple[Buffer, ...]]:
     """Live bytes by category and one Buffer per live buffer, in one pass: each underlying buffer
     once (views and handed-on grads share memory), filed under the first tensor made that holds it."""
     totals = dict.fromkeys(CATEGORIES, 0)
     bases: dict[int, object] = {}  # held until the pass ends, so no id() is reused within it
     buffers: list[Buffer] = []
-    holders = [(t, t.value, "value", _value_category(t), n) for t, n in list(_made.items())]
+    _states[:] = [entry for entry in _states if entry[0]() is not None]
+    holders = [(p, ref(), f"state {name}", "optimizer state", n) for ref, p, name, n in _states]
+    holders += [(t, t.value, "value", _value_category(t), n) for t, n in list(_made.items())]
     holders += [(t, t.grad, "grad", "gradients", n) for t, n in list(_graded.items())]
     for tensor, array, kind, category, number in holders:
         base = _allocated_array(array)
@@ -347,9 +360,12 @@ _keys = itertools.count()
 
 def _buffer(base, tensor, number: int, kind: str, category: str, phase: str) -> Buffer:
     """The Buffer for ``base`` held by ``tensor``: the last one recorded, unless something changed
-    (a grad handed on to another tensor keeps its key and takes that tensor's name)."""
+    (a grad handed on to another tensor keeps its key and takes that tensor's name); state
+    arrays come as kind "state <name>" and are named "<parameter>.<name>"."""
     seen = _identify(base, phase, kind == "value" and tensor.rematerializer is not None)
     name = tensor.name or _default_name(tensor, number)
+    if kind.startswith("state "):
+        kind, name = "state", f"{name}.{kind[6:]}"
     old = seen.buffer
     if old is None or (old.name, old.category, old.op, old.kind) != (name, category, tensor.op, kind):
         seen.buffer = Buffer(seen.key, name, tuple(base.shape), str(base.dtype), base.nbytes,
@@ -387,6 +403,7 @@ def _forget_tensors() -> None:
     _made.clear()
     _graded.clear()
     _recomputed.clear()
+    _states.clear()
     _seen.clear()
     _numbers, _keys = itertools.count(), itertools.count()
 

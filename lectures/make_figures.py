@@ -29,6 +29,8 @@ FIGURES = {
     "attention_scaling.png": ("attention", "04-io-and-flash-attention.md"),
     "transformer_memory.png": ("transformer", "05-transformer-activation-memory.md"),
     "remat_frontier.png": ("remat --graph", "06-remat-on-graphs.md"),
+    "memory_wall.png": ("wall", "07-the-whole-wall.md"),
+    "train_loss.png": ("train", "07-the-whole-wall.md"),
 }
 
 
@@ -41,6 +43,8 @@ def run_demo(name: str, out_dir: str) -> None:
         "remat --graph": lambda: demo.remat_graph_demo(out_dir),
         "attention": lambda: demo.attention_demo(out_dir),
         "transformer": lambda: demo.transformer_demo(out_dir),
+        "wall": lambda: demo.wall_demo(out_dir),
+        "train": lambda: demo.train_demo(out_dir),
     }
     with contextlib.redirect_stdout(io.StringIO()):
         runs[name]()

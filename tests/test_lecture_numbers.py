@@ -75,3 +75,54 @@ def test_lecture_4s_scaling_table_is_what_attention_scaling_measures_now():
             # a ratio can sit on a rounding edge (17.449 here, 17.451 after other tests: 700 bytes
             # of Python objects), so it is checked to its printed digit, not its rounding
             assert abs(peak.naive_bytes / peak.flash_bytes - float(ratio)) < 0.06, peak
+
+
+# ---- note 7: every snippet prints what the note quotes under it, and the wall's table ----
+
+def _note_7() -> str:
+    from pathlib import Path
+    return (Path(__file__).resolve().parent.parent / "lectures" / "07-the-whole-wall.md").read_text()
+
+
+def test_note_7s_snippets_print_what_the_note_quotes_under_them(capsys):
+    import re
+    pairs = re.findall(r"```python\n(.*?)```\n\n((?:    [^\n]*\n)+)", _note_7(), re.S)
+    assert len(pairs) == 4
+    namespace = {}
+    for number, (code, quoted) in enumerate(pairs, 1):
+        exec(compile(code, f"07 snippet {number}", "exec"), namespace)
+        printed = capsys.readouterr().out
+        assert printed == "".join(line[4:] + "\n" for line in quoted.splitlines()), f"snippet {number}"
+
+
+def _wall_rows() -> list[tuple[str, list[str]]]:
+    import re
+    rows = re.findall(r"^    (L=\d+ h=\d+ s=\d+ b=\d+(?: \+mixed precision)?)\s+(.*)$", _note_7(), re.M)
+    return [(label, re.findall(r"[\d.]+ \([\d.]+\)|[\d.]+$", rest)) for label, rest in rows]
+
+
+def _config_of(label: str):
+    import re
+    from ag import wall
+    L, h, s, b = map(int, re.findall(r"=(\d+)", label))
+    heads = {(layers, hidden): a for layers, hidden, a in wall.SIZES}[L, h]
+    config = wall.WallConfig(L, h, heads, s, b)
+    return wall.LEVERS["mixed precision"].apply(config) if "mixed" in label else config
+
+
+def test_note_7s_wall_table_is_the_demos_formulas_and_its_small_rows_are_measured_now():
+    from ag import wall
+    rows = _wall_rows()
+    assert len(rows) == 12
+    bars = wall.wall(sizes=wall.SIZES[:1], batches=(1, 4))  # the four rows of the smallest size
+    measured = {bar.label: bar for bar in bars}
+    for label, cells in rows:
+        predicted = wall.predict(_config_of(label))
+        expected = [f"{predicted[s] / ag.trace.MB:.2f} ({predicted[s] / ag.trace.MB:.2f})" for s in wall.SLICES]
+        assert cells[:4] == expected, label
+        if label in measured:
+            bar = measured[label]
+            assert bar.measured == bar.predicted, label
+            assert cells[4] == f"{bar.peak_bytes / ag.trace.MB:.2f}", label
+    assert set(measured) <= {label for label, _ in rows}
+

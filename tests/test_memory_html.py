@@ -144,6 +144,32 @@ def test_bands_add_up_to_the_categories_tracing_counted(timelines):
                 assert sum(here) == pytest.approx(snapshot.categories[category] / MB)
 
 
+def test_bytes_no_buffer_holds_are_one_temporaries_band_on_top():
+    from ag.plot.html import _bands
+    state = Buffer(5, "w.exp_avg", (250,), "float64", 2000, "optimizer state", None, "optimizer step", "state")
+    snapshot = _snapshot(_buffer(0, 4000), state)
+    snapshot = Snapshot(7000, 7000, "Adam", "optimizer step", "w", snapshot.categories | {"temporaries": 1000},
+                        buffers=snapshot.buffers)
+    bands = _bands([snapshot])
+    assert bands["optimizer state"]["bottom"] == [4000 / MB] and bands["optimizer state"]["name"] == ["w.exp_avg"]
+    assert bands["temporaries"]["bottom"] == [6000 / MB] and bands["temporaries"]["top"] == [7000 / MB]
+
+
+def test_a_training_step_page_shades_the_optimizer_step(tmp_path, rng):
+    from ag.plot.html import memory_html
+    _bokeh_or_skip()
+    x = ag.Tensor(rng.standard_normal((16, 8)))
+    with trace.tracing() as timeline:
+        layer = ag.nn.Linear(8, 4, dtype=np.float64, name="layer")
+        opt = ag.optim.Adam(list(layer.parameters()))
+        ag.sum(layer(x)).backward()
+        opt.step()
+    page = memory_html({"step": timeline}, tmp_path / "step.html")
+    text = open(page).read()
+    assert '"optimizer step \\u2192"' in text  # the label over the shaded step, as Bokeh's JSON escapes it
+    assert "layer.weight.exp_avg" in text
+
+
 def test_snapshots_with_categories_but_no_buffers_stack_whole_categories(tmp_path):
     from ag.plot.html import _bands, memory_html
     _bokeh_or_skip()

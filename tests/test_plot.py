@@ -298,3 +298,23 @@ def test_a_saved_plot_is_a_small_png(tmp_path, timelines):
     path = tmp_path / "timeline.png"
     plot.memory_timeline(timelines, path=str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size < 300_000
+
+
+# ---- the whole wall and training curves ----
+
+def test_the_wall_stacks_each_slice_in_its_category_colour_with_a_formula_tick_per_slice():
+    slices = {"parameters": 4 * MB, "gradients": 4 * MB, "optimizer state": 8 * MB, "activations": 10 * MB}
+    fig = plot.memory_wall([("float32", slices, slices), ("mixed", {**slices, "activations": 5 * MB}, slices)])
+    ax = fig.axes[0]
+    assert len(ax.patches) == 8
+    assert to_hex(ax.patches[2].get_facecolor()) == CATEGORY_COLOURS["optimizer state"].lower()
+    ticks = [line for line in ax.lines if line.get_color() == "#000000"]
+    assert len(ticks) == 8 and ticks[3].get_ydata()[0] == pytest.approx(26)
+    assert "MB" in ax.get_ylabel()
+
+
+def test_loss_curves_draw_one_line_a_run_with_units():
+    fig = plot.loss_curves({"ag": [2.3, 1.2, 0.7], "torch": [2.3, 1.2, 0.7]})
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.lines] == ["ag", "torch"]
+    assert "nats" in ax.get_ylabel() and ax.get_xlabel() == "step"

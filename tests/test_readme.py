@@ -25,3 +25,4 @@ def test_api_page_examples_run_after_the_tour_and_print_the_figures_they_quote(c
     out = capsys.readouterr().out
     assert "\nTrue\n" in out  # flash equals naive
     assert "3735552 3735552\n1114112 1114112\n65536 65536\n0.7" in out
+    assert "32768.0\nTrue\n" in out  # the training section: a skipped float16 step, the wall to the byte

@@ -136,3 +136,67 @@ def test_eager_grads_are_counted_in_the_categories(rng):
         ag.matmul(ag.Tensor(rng.standard_normal((100, 10))), ag.Tensor(rng.standard_normal((10, 10))))
     # the two leaves were made inside the timeline too: their values and their grads count
     assert timeline[-1].categories["gradients"] == timeline[-1].allocated_bytes // 2
+
+
+# ---- a whole training step: parameters, gradients, optimizer state, activations, temporaries ----
+
+def _mlp_step_with_adam(rng):
+    """One training step of a two-layer MLP with Adam, model and optimizer made inside the timeline."""
+    x = ag.Tensor(rng.standard_normal((32, 20)).astype(np.float32))
+    with trace.tracing() as timeline:
+        layers = [ag.nn.Linear(20, 30, seed=1, name="l1"), ag.nn.Linear(30, 5, seed=2, name="l2")]
+        params = [p for layer in layers for p in layer.parameters()]
+        opt = ag.optim.Adam(params, lr=1e-3)
+        loss = ag.mean(ag.relu(layers[1](ag.relu(layers[0](x)))))
+        loss.backward()
+        grads = sum(p.grad.nbytes for p in params)
+        opt.step()
+        state = opt.state_bytes()
+        opt.zero_grad()
+    return timeline, params, grads, state, loss
+
+
+def test_each_category_of_an_adam_step_is_exact_to_the_byte_and_they_sum_to_tracemalloc(rng):
+    timeline, params, grads, state, loss = _mlp_step_with_adam(rng)
+    weights = sum(p.nbytes for p in params)
+    assert {s.phase for s in timeline} == {"forward", "backward", "optimizer step"}
+    for snap in timeline:
+        assert snap.categories["parameters"] == weights, snap.label
+        assert sum(snap.categories.values()) == snap.allocated_bytes, snap.label
+    after_backward = [s for s in timeline if s.phase == "backward"][-1]
+    assert after_backward.categories["gradients"] == grads == weights
+    assert after_backward.categories["optimizer state"] == 0  # allocated at the first step, as torch does
+    last_step = [s for s in timeline if s.op == "Adam"][-1]
+    assert last_step.categories["optimizer state"] == state == 2 * weights
+    assert last_step.categories["activations kept"] == loss.value.nbytes  # only the loss is left
+    assert last_step.categories["temporaries"] == 0  # the step's scratch is freed after each parameter
+    assert timeline[-1].label == "optimizer step zero_grad" and timeline[-1].categories["gradients"] == 0
+
+
+def test_optimizer_state_buffers_are_named_after_their_parameter(rng):
+    timeline, *_ = _mlp_step_with_adam(rng)
+    state = sorted(b.name for b in timeline[-1].buffers if b.category == "optimizer state")
+    assert state == sorted(f"{layer}.{p}.{name}" for layer in ("l1", "l2") for p in ("weight", "bias")
+                           for name in ("exp_avg", "exp_avg_sq"))
+    assert all(b.kind == "state" and b.phase == "optimizer step" for b in timeline[-1].buffers
+               if b.category == "optimizer state")
+
+
+def test_bytes_no_tensor_holds_are_counted_as_temporaries(rng):
+    x = ag.Tensor(rng.standard_normal(100))
+    with trace.tracing() as timeline:
+        scratch = np.ones(1000)
+        ag.exp(x)
+    assert timeline[-1].categories["temporaries"] == scratch.nbytes
+    assert timeline[-1].categories["activations kept"] == x.nbytes
+
+
+def test_state_allocated_before_the_timeline_is_not_counted_in_it(rng):
+    w = ag.Tensor(rng.standard_normal((50, 50)), requires_grad=True)
+    opt = ag.optim.Adam([w])
+    ag.sum(w * w).backward()
+    opt.step()
+    with trace.tracing() as timeline:
+        ag.sum(w * w).backward()
+        opt.step()
+    assert timeline[-1].categories["optimizer state"] == 0

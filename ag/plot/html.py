@@ -1,8 +1,9 @@
 """An interactive memory timeline in one HTML file that opens offline (needs the ``plot`` extra: bokeh).
 
 ``memory_html`` draws what ``ag.trace.tracing()`` recorded, never measures. Each buffer alive after
-an op or a backward step is a band of its own, stacked by category (inputs at the bottom, gradients
-on top) as in PyTorch's memory_viz "active memory timeline"; hovering a band names the tensor, the
+an op, a backward step or an optimizer step is a band of its own, stacked by category (inputs at the
+bottom, then parameters, activations, gradients, optimizer state, and temporaries on top) as in
+PyTorch's memory_viz "active memory timeline"; hovering a band names the tensor, the
 op that made it and the phase. tracemalloc's count of NumPy's bytes is the line over the bands.
 BokehJS is inlined in the file, so it needs no network in a lecture hall.
 """
@@ -35,7 +36,9 @@ def _stack(snapshot: Snapshot) -> list[Buffer]:
     buffers (a snapshot recorded before they were), one pseudo-buffer per category."""
     if snapshot.buffers is None:
         return [Buffer(c, f"all {c}", (), "", snapshot.categories[c], c, None, "", "") for c in CATEGORIES]
-    return sorted(snapshot.buffers, key=lambda b: (ORDER.get(b.category, len(ORDER)), b.key))
+    stack = sorted(snapshot.buffers, key=lambda b: (ORDER.get(b.category, len(ORDER)), b.key))
+    scratch = snapshot.categories.get("temporaries", 0)  # no tensor holds them: one band, on top
+    return stack + [Buffer(-1, "temporaries", (), "", scratch, "temporaries", None, "", "")] if scratch else stack
 
 
 def _rectangles(snapshots: Sequence[Snapshot]) -> list[dict]:
@@ -162,11 +165,17 @@ def _figure(title: str, x_range, y_range):
 
 
 def _mark_phases(fig, snapshots: Sequence[Snapshot], y_range) -> None:
-    """Shade backward (grey) and every recompute step (the recomputed category's colour, lightly)."""
+    """Shade backward (grey), the optimizer step and every recompute step (their categories' colours, lightly)."""
     from bokeh.models import BoxAnnotation, Label
     start = next((i for i, s in enumerate(snapshots) if s.phase == "backward"), None)
+    step = next((i for i, s in enumerate(snapshots) if s.phase == "optimizer step"), len(snapshots))
+    if step < len(snapshots):
+        fig.add_layout(BoxAnnotation(left=step - 0.5, right=len(snapshots) - 0.5, fill_color=CATEGORY_COLOURS["optimizer state"],
+                                     fill_alpha=0.07, line_alpha=0, level="underlay"))
+        fig.add_layout(Label(x=step - 0.5, y=y_range.end, text="optimizer step →", x_offset=6, y_offset=-40,
+                             text_font_size="13px", text_color="#555555"))
     if start is not None:
-        fig.add_layout(BoxAnnotation(left=start - 0.5, right=len(snapshots) - 0.5, fill_color="#888888",
+        fig.add_layout(BoxAnnotation(left=start - 0.5, right=step - 0.5, fill_color="#888888",
                                      fill_alpha=0.08, line_alpha=0, level="underlay"))
         fig.add_layout(Label(x=start - 0.5, y=y_range.end, text="backward →", x_offset=6, y_offset=-22,
                              text_font_size="13px", text_color="#555555"))

@@ -436,3 +436,43 @@ def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, i
     legend_inches = 0.3 * -(-len(handles) // columns) + 0.2
     fig.tight_layout(rect=(0, legend_inches / size[1], 1, 1), w_pad=2.5)
     return _save(fig, path)
+
+
+@_slide
+def memory_wall(bars: Sequence[tuple[str, Mapping[str, int], Mapping[str, int]]], *,
+                title: str = "One training step, by slice", path: str | None = None):
+    """The wall as stacked bars, one per (label, measured, predicted) with bytes by slice; a black
+    tick beside each slice marks the formula's prediction of its top. Labels are short, in lines."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=SLIDE)
+    slices = list(bars[0][1])
+    for i, (_, measured, predicted) in enumerate(bars):
+        bottom = predicted_bottom = 0.0
+        for name in slices:
+            colour = CATEGORY_COLOURS.get(name, CATEGORY_COLOURS["activations kept"])
+            ax.bar(i, measured[name] / MB, bottom=bottom, color=colour, width=0.6,
+                   label=name if i == 0 else None, edgecolor="white", linewidth=0.5)
+            bottom += measured[name] / MB
+            predicted_bottom += predicted[name] / MB
+            ax.plot([i + 0.32, i + 0.42], [predicted_bottom] * 2, color=OKABE_ITO["black"], linewidth=2,
+                    label="formula" if i == 0 and name == slices[-1] else None)
+    ax.set_xticks(range(len(bars)), [label for label, _, _ in bars], fontsize=10)
+    ax.set_ylabel("bytes alive (MB)")
+    ax.set_title(title)
+    _outside_legend(ax)
+    return _save(fig, path)
+
+
+@_slide
+def loss_curves(series: Mapping[str, Sequence[float]], *, title: str = "Training loss", path: str | None = None):
+    """The loss at each step, one line per run (ag, torch, a setting), its last value written beside it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=SLIDE)
+    for i, (label, losses) in enumerate(series.items()):
+        style = {**series_style(i), "marker": None}
+        ax.plot(range(1, len(losses) + 1), losses, **style, label=label, zorder=3 + i)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss (nats)")
+    ax.set_title(title)
+    ax.legend(loc="upper right")  # a falling loss leaves the upper right empty
+    return _save(fig, path)
