@@ -73,3 +73,17 @@ def test_a_bad_variant_is_refused_with_flash_attentions_name(option, value, matc
     q = np.ones((1, 4, 8, 8))
     with pytest.raises((ValueError, ag.ShapeError), match=match):
         flash_attention(q, q, q, **{option: value})
+
+
+@pytest.mark.parametrize("option", [{"softcap": 30.0}, {"dropout_p": 0.1}])
+def test_softcap_and_dropout_are_refused_by_the_tiled_loops_with_where_to_find_them(option):
+    q = np.zeros((1, 2, 4, 8))
+    with pytest.raises(ValueError, match=r"flash_attention: softcap = .* not in the tiled loops yet.*naive_attention"):
+        flash_attention(q, q, q, **option)
+
+
+@pytest.mark.parametrize("option", [{"window_size": (2, 0)}, {"alibi_slopes": np.ones(2)}])
+def test_the_cuda_kernels_refuse_a_window_or_alibi_rather_than_ignore_it(option):
+    q = np.zeros((1, 2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match=r"backend='cupy'\): the CUDA kernels take no window_size or alibi_slopes"):
+        flash_attention(q, q, q, backend="cupy", **option)

@@ -23,7 +23,8 @@ DEFAULT_BLOCK_K = 256
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = None,
                     block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
-                    window_size=(UNBOUNDED, UNBOUNDED), alibi_slopes=None):
+                    window_size=(UNBOUNDED, UNBOUNDED), alibi_slopes=None, softcap: float = 0.0,
+                    dropout_p: float = 0.0):
     """O = softmax(scale · Q Kᵀ + mask + bias) V, tile by tile (FlashAttention-2): no N×N array is held.
 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile from
@@ -32,15 +33,23 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     ``block_q`` × ``block_k`` (None: 256), the loops ``tiled_forward`` and ``tiled_backward``; float16
     and bfloat16 inputs keep their statistics and accumulators in float32 (L stays float32).
     ``window_size`` and ``alibi_slopes`` are FlashAttention's (``ag.attention.variants``; NumPy only),
-    and v may have its own head dim dv (O is then (..., H, Nq, dv)).
+    and v may have its own head dim dv (O is then (..., H, Nq, dv)). ``softcap`` and ``dropout_p`` are
+    ``naive_attention``'s only so far: here anything but 0 is refused.
     """
     check_causal("flash_attention", causal)
+    if softcap or dropout_p:
+        raise ValueError(f"flash_attention: softcap = {softcap} and dropout_p = {dropout_p} are not in the tiled "
+                         "loops yet (0 for both); naive_attention and flash_decode take softcap, naive_attention "
+                         "dropout_p with a seed")
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size is not None:
             check_block("flash_attention", name, size)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     values = [x.value if isinstance(x, Tensor) else x if hasattr(x, "shape") else np.asarray(x) for x in (q, k, v)]
     if _backend(backend, values[0]) == "cupy":
+        if tuple(window_size) != (UNBOUNDED, UNBOUNDED) or alibi_slopes is not None:
+            raise ValueError(f"flash_attention(backend='cupy'): the CUDA kernels take no window_size or "
+                             f"alibi_slopes (got {tuple(window_size)}, {alibi_slopes!r}); NumPy arrays take both")
         forward, backward = _cupy_passes(causal, scale)
     else:
         forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k, (window_size, alibi_slopes))
