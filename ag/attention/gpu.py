@@ -44,7 +44,7 @@ KERNELS = {  # source file (without .cu) -> its extern "C" entry points
 }
 MAX_HEAD_DIM = 128
 BLOCK = 64  # query rows per block and keys per tile, in every kernel
-THREADS = {"flash_fwd_f32": 256, "flash_bwd_preprocess_f32": 256, "flash_bwd_dkdv_f32": 256,
+THREADS = {"flash_fwd_f32": 128, "flash_bwd_preprocess_f32": 256, "flash_bwd_dkdv_f32": 256,
            "flash_bwd_dq_f32": 256, "flash_fwd_bf16": 128, "flash_bwd_dkdv_bf16": 128, "flash_bwd_dq_bf16": 128}
 DYNAMIC_SMEM = set(THREADS) - {"flash_bwd_preprocess_f32"}  # the kernels whose source has a <name>_smem constant
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.MULTILINE)

@@ -12,7 +12,7 @@
 // A row that sees no key gives O = 0 and lse = -inf.
 //
 // Compile with -DHEAD_DIM=d, 1 <= d <= 128 (ag/attention/gpu.py builds one module per d).
-// Launch: grid (ceil(Nq / 64), B·H), 256 threads, flash_fwd_f32_smem bytes of dynamic shared memory.
+// Launch: grid (ceil(Nq / 64), B·H), 128 threads, flash_fwd_f32_smem bytes of dynamic shared memory.
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=d, 1 <= d <= 128"
@@ -25,9 +25,9 @@ static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 128, "flash_fwd.cu: HEAD_DIM must be 
 
 constexpr int BLOCK_Q = 64;                   // query rows per thread block
 constexpr int BLOCK_K = FWD_BLOCK_K;          // keys per K/V tile
-constexpr int TX = 16, TY = 16;               // 256 threads: TX along keys / head dim, TY along queries
+constexpr int TX = 16, TY = 8;                // 128 threads: TX along keys / head dim, TY along queries
 constexpr int THREADS = TX * TY;
-constexpr int ROWS = BLOCK_Q / TY;            // query rows per thread: ty * ROWS + r
+constexpr int ROWS = BLOCK_Q / TY;            // query rows per thread (ty * ROWS + r); more rows, more FMAs a shared load
 constexpr int COLS = BLOCK_K / TX;            // keys per thread: tx + c * TX
 constexpr int D = (HEAD_DIM + 15) / 16 * 16;  // head dim padded with zeros to a multiple of 16
 constexpr int DCOLS = D / TX;                 // output columns per thread: tx + e * TX
@@ -101,7 +101,7 @@ __device__ __forceinline__ void scores(float (&s)[ROWS][COLS], const float* q_s,
         }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)  // 2 blocks an SM: at most 128 registers a thread
+extern "C" __global__ void __launch_bounds__(THREADS, 2)  // at least 2 blocks an SM
 flash_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
               float* __restrict__ o, float* __restrict__ lse,
               int n_q, int n_k, int h, int h_kv, float scale, int causal) {
