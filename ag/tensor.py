@@ -149,16 +149,10 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     says it reads the output's own value: ``saved`` holds exactly those, and rematerialization
     restores exactly those.
     """
-    if type(value) is np.ndarray and value.dtype.kind in "biufc" and not (config.watchers or config.eager_grads):
-        output = _plain_output(value, op)
-    else:  # a scalar or a GPU array to convert, a watcher to tell, or an eager grad to allocate
-        output = Tensor(value)
-        output.op = op
-    if config.grad_enabled:
-        for t in inputs:
-            if t.requires_grad:
-                _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
-                break
+    output = Tensor(value)
+    output.op = op
+    if config.grad_enabled and any(t.requires_grad for t in inputs):
+        _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)
@@ -175,10 +169,9 @@ def _attach(output: Tensor, inputs: tuple[Tensor, ...], backward: Backward,
     output.requires_grad = True
     output.inputs = inputs
     output._backward = backward
-    if saves:
-        output._saved = saves
-        for t in saves:
-            t._needed_by += 1
+    output._saved = saves
+    for t in saves:
+        t._needed_by += 1
     if saves_output:
         output._saves_output = True
         output._needed_by += 1
@@ -206,25 +199,6 @@ def _references(node: Tensor, t: Tensor) -> int:
         except ValueError:  # a cell of a variable not bound yet holds nothing
             continue
     return count
-
-
-def _plain_output(value: np.ndarray, op: str) -> Tensor:
-    """``Tensor(value)`` with its ``op`` for an op's NumPy result when nothing watches and grads
-    are lazy: the same fields, set without ``__init__``'s call and checks. tests/test_engine.py
-    checks every field against ``Tensor(value)``'s."""
-    output = _new_object(Tensor)
-    output.op = op
-    output.value = value
-    output.shape, output.dtype = value.shape, value.dtype
-    output.rematerializer = output.name = output.grad = output._backward = None
-    output.requires_grad = output._saves_output = output._retains_grad = False
-    output._graph_freed = output._internal = False
-    output.inputs = output._saved = ()
-    output._needed_by = 0
-    return output
-
-
-_new_object = object.__new__
 
 
 def topological_sort(root: Tensor) -> list[Tensor]:

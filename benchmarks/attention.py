@@ -57,7 +57,7 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.lab import flash as lab_flash, flash_tiles, sharing  # noqa: E402
-from ag.ops import kernels  # noqa: E402
+from ag.lab import seams  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
@@ -774,7 +774,7 @@ def main() -> None:
         os.environ["AG_LAB"] = "1"
         ag.lab.enable()
         if args.fixed_shift:
-            kernels.swap({"flash_passes": lab_flash.fixed_shift_passes})
+            seams.swap({"flash_passes": lab_flash.fixed_shift_passes})
     if args.memory_worker:
         framework, n, causal = args.memory_worker
         print(json.dumps(memory_worker(framework, int(n), bool(int(causal)), blocks)))

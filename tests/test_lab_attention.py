@@ -10,7 +10,7 @@ import ag
 from ag.attention import flash_attention, naive_attention
 from ag.lab import flash, flash_loops
 from ag.lab.flash_tiles import LabTiles
-from ag.ops import kernels
+from ag.lab import seams
 from test_attention import grads_of, qkv
 
 # the names these tests patch or read, where the lab keeps them
@@ -28,7 +28,7 @@ def lab_flash(*args, workers=None, shift="fixed", **options):
     try:
         with ag.lab.on():
             if shift == "fixed":
-                kernels.swap({"flash_passes": flash.fixed_shift_passes})
+                seams.swap({"flash_passes": flash.fixed_shift_passes})
             return flash_attention(*args, **options)
     finally:
         ag.lab.set_workers(previous)

@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 
 from ..ops import fused
-from ..ops.kernels import classroom_kernel
 from . import threads
+from .seams import classroom_kernel
 
 
 def shared_ufunc(ufunc: np.ufunc) -> Callable:

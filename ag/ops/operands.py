@@ -32,8 +32,6 @@ def operand(op: str, x, like: Tensor | None = None) -> Tensor:
 
 
 def operands(op: str, a, b) -> tuple[Tensor, Tensor]:
-    if type(a) is Tensor and type(b) is Tensor and a.value is not None and b.value is not None:
-        return a, b  # the common case, without two calls
     a = operand(op, a, b if isinstance(b, Tensor) else None)
     return a, operand(op, b, a)
 
@@ -48,13 +46,10 @@ def broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
                          "(trailing dimensions must be equal or 1)") from None
 
 
-_ALL_AXES = tuple(tuple(range(ndim)) for ndim in range(33))  # axis=None, made once per ndim
-
-
 def normalize_axes(op: str, axis, ndim: int) -> tuple[int, ...]:
     """Normalize ``axis`` (None, int or tuple) to sorted non-negative axes, or raise."""
     if axis is None:
-        return _ALL_AXES[ndim] if ndim < len(_ALL_AXES) else tuple(range(ndim))
+        return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     for ax in axes:
         if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
