@@ -22,8 +22,9 @@ def matmul(a, b) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad
-        if a_vector or b_vector:  # as np.matmul does: a vector is a one-row or one-column matrix
-            g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
+        # as np.matmul does: a vector a is a one-row matrix, a vector b a one-column one
+        g = np.expand_dims(g, -1) if b_vector else g
+        g = np.expand_dims(g, -2) if a_vector else g
         ga = gb = None
         if a.requires_grad:
             ga = _product(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
@@ -35,10 +36,8 @@ def matmul(a, b) -> Tensor:
     return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
 
 
-def _as_matrix(x, row: bool):
-    """A 1-D array (or shape) as a one-row matrix (``row``) or a one-column one; else unchanged."""
-    if isinstance(x, tuple):
-        return x if len(x) != 1 else ((1,) + x if row else x + (1,))
+def _as_matrix(x: np.ndarray, row: bool) -> np.ndarray:
+    """A 1-D array as a one-row matrix (``row``) or a one-column one; else unchanged."""
     return x if x.ndim != 1 else (x[None, :] if row else x[:, None])
 
 
@@ -100,7 +99,3 @@ def _check_matmul(a: Tensor, b: Tensor) -> None:
                          f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
     if len(a_shape) > 2 or len(b_shape) > 2:
         _broadcast("matmul's batch dimensions", a_shape[:-2], b_shape[:-2])
-
-
-def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
-    return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])

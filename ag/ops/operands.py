@@ -68,12 +68,7 @@ def normalize_axis(op: str, axis: int, ndim: int) -> int:
 
 def expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     """Put the reduced axes back as size-1 dimensions, so ``g`` broadcasts against the input."""
-    if keepdims:
-        return g
-    shape = list(g.shape)
-    for ax in axes:  # sorted, so each lands where it was
-        shape.insert(ax, 1)
-    return g.reshape(shape)
+    return g if keepdims else np.expand_dims(g, axes)  # axes sorted: each lands where it was
 
 
 def needs(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
