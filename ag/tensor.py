@@ -115,11 +115,10 @@ class Saved:
     own with ``saves_output=True``). ``saved[t]`` is ``t``'s value; any other tensor is an error.
     ``saved.writable_grad()`` is the output's grad for the step to compute its input's grad in."""
 
-    __slots__ = ("output", "tensors", "grad_is_free")
+    __slots__ = ("output", "tensors")
 
     def __init__(self, output: Tensor, tensors: tuple[Tensor, ...]) -> None:
         self.output, self.tensors = output, tensors
-        self.grad_is_free = _grad_freed_after_its_step(output)
 
     def __getitem__(self, tensor: Tensor) -> np.ndarray:
         for t in self.tensors:
@@ -133,7 +132,7 @@ class Saved:
         """The output's grad itself when nothing reads it after this step, else a copy: an op may
         compute its input's grad in it (``g *= mask``) and return it, with no second buffer."""
         grad = self.output.grad
-        return grad if self.grad_is_free else grad.copy()
+        return grad if _grad_freed_after_its_step(self.output) else grad.copy()
 
 
 Grads = Sequence[np.ndarray | None]

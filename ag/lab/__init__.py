@@ -8,6 +8,7 @@ one NumPy call over the whole array. The lab puts its variants into the ops' sea
   BLAS thread, the blocks dealt to the lab's threads;
 - ``passes``: large elementwise and row-wise passes (relu, gelu, layer_norm, the softmaxes,
   dropout's mask) shared among those threads, and a short vector's sum as one BLAS dot;
+- ``subnormals``: exp with its subnormal results flushed to 0, for the softmax family's passes;
 - ``threads``: the pool that runs the blocks, and ``set_workers``;
 - ``flash``, ``flash_loops``, ``flash_tiles``, ``sharing``: ``flash_attention`` on NumPy with a fixed
   shift, exp2, subnormals flushed and one call's heads shared among the threads.

@@ -11,7 +11,7 @@ from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS, classroom
 from .operands import operand as _operand
-from .reductions import divide_by_row_sums, exp_flushed as _exp_flushed, finite_max as _finite_max
+from .reductions import divide_by_row_sums, finite_max as _finite_max
 
 
 def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
@@ -143,12 +143,9 @@ def _masked_softmax_into(y: np.ndarray, s: np.ndarray, scale, causal: bool) -> N
     """y = softmax(scale · s + mask) over the last axis, into ``y``, for a stack of (queries, keys)."""
     np.multiply(s, scale, out=y)
     n_q, n_k = y.shape[-2:]
-    # the least score before the mask, less the greatest row max, bounds the shifted scores
-    lowest = np.fmin.reduce(y, axis=None) if type(y) is np.ndarray and y.size else None
     if causal:
         xp = array_module(y)
         np.copyto(y, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])
-    m = _finite_max(y, (y.ndim - 1,)).astype(y.dtype, copy=False)
-    y -= m
-    _exp_flushed(y, None if lowest is None else lowest - np.max(m))
+    y -= _finite_max(y, (y.ndim - 1,))
+    KERNELS.exp(y, out=y)
     divide_by_row_sums(y, -1)

@@ -1,7 +1,7 @@
 """The seams: the heavy passes of the ops, by name, where the opt-in lab (``ag.lab``) plugs in.
 
 An op calls ``KERNELS.<name>`` for each pass named here. On the classroom path a name holds
-NumPy's own function (``matmul``, ``maximum``, ``multiply``, ``sum``) or the plain NumPy pass written beside
+NumPy's own function (``exp``, ``matmul``, ``maximum``, ``multiply``, ``sum``) or the plain NumPy pass written beside
 its op and registered with ``@classroom``, so stepping into it lands in the op's own file. A pass
 writes into the buffer it is given, its first argument, so that it can also run on a block of rows.
 ``CLASSROOM`` keeps the classroom's kernel of each name: ``ag.lab.seams`` swaps the lab's variants
@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-KERNELS = SimpleNamespace(matmul=np.matmul, maximum=np.maximum, multiply=np.multiply, sum=np.sum)
+KERNELS = SimpleNamespace(exp=np.exp, matmul=np.matmul, maximum=np.maximum, multiply=np.multiply, sum=np.sum)
 CLASSROOM: dict[str, Callable] = dict(vars(KERNELS))
 
 
