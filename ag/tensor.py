@@ -150,8 +150,11 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     """
     output = Tensor(value)
     output.op = op
-    if config.grad_enabled and any(t.requires_grad for t in inputs):
-        _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
+    if config.grad_enabled:
+        for t in inputs:
+            if t.requires_grad:  # a loop, not any(): no generator on every op's path
+                _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
+                break
     for t in inputs:
         if t.rematerializer is not None:  # a checkpoint is kept; only a recomputable input can go
             discard_value_if_has_rematerializer(t)

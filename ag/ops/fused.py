@@ -1,8 +1,6 @@
 """The transformer's fused ops (layer_norm, dropout, scaled_masked_softmax), each saving exactly what backward reads."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..arrays import array_module
@@ -78,12 +76,11 @@ def keep_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float) -> np.
     uniform 32-bit integer is at least p · 2^32, rounded. ``rng`` gives one seed; chunk c of
     ``MASK_CHUNK`` elements is drawn from its own PCG64 seeded with (seed, c), so the chunks
     may be drawn in any order and the mask stays the same."""
-    n = math.prod(shape)
     threshold = min(round(p * 2.0 ** 32), 2 ** 32 - 1)
     seed = int(rng.integers(2 ** 63))
-    mask = np.empty(n, np.bool_)
-    KERNELS.keep_mask(mask, seed, threshold)
-    return mask.reshape(shape)
+    mask = np.empty(shape, np.bool_)
+    KERNELS.keep_mask(mask.reshape(-1), seed, threshold)  # a view: the chunks are drawn into mask
+    return mask
 
 
 @classroom("keep_mask")

@@ -51,11 +51,10 @@ def getitem(a, index) -> Tensor:
         value = a.value[index]
     except (IndexError, TypeError) as error:
         raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
-    basic = _is_basic(index)
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         g = np.zeros_like(out.grad, shape=a.shape)
-        if basic:
+        if _is_basic(index):
             g[index] = out.grad
         else:
             np.add.at(g, index, out.grad)
