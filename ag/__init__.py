@@ -12,6 +12,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `modes` | — | switches: `no_grad`, `eager_grads`, the phase label (forward, backward, recompute), `watching` (whether anything watches the engine) |
 | `arrays` | — | where an array lives (NumPy or CuPy), what a Tensor accepts, `unbroadcast` |
 | `errors` | — | `GraphError` and `ShapeError` |
+| `device_matmul` | — | the product of CuPy arrays, choosing the order that copies fewest bytes |
 | `hooks` | modes | the engine's events (a tensor created, an op run, a grad allocated, a step done, a product counted): `publish`, `subscribe`, `subscribed`, `record_tensors` |
 | `export` | — | Perfetto trace JSON and PyTorch memory-snapshot pickles |
 | `tables` | — | printing a table of results |
@@ -20,9 +21,9 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `discard` | arrays, errors, modes | discarding values and bringing them back: `discard_value_if_has_rematerializer`, `rematerialize`, `release_unneeded` |
 | `tensor_base` | errors | what a Tensor offers besides the engine: `ndim`, `size`, `nbytes`, printing, `.numpy()`, `.item()` |
 | `tensor` | arrays, discard, errors, hooks, modes, tensor_base | the Tensor, `make_output` and `Saved`, the topological sort, `backward` (which decides when a returned grad becomes `.grad` without a copy), `accumulate_grad` |
-| `ops/` | arrays, errors, hooks, modes, tensor | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `kernels`, the named seams where the lab plugs in) |
+| `ops/` | arrays, device_matmul, errors, hooks, modes, tensor | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `kernels`, the named seams where the lab plugs in) |
 | `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), Philox `dropout`, FlashAttention's `variants`, `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, `flash_attention` (`flash`, the seam `flash_passes`), FlashDecoding (`decode`), packed batches (`varlen`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
-| `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
+| `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`; `seams`), exp with subnormal results flushed (`subnormals`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
 | `remat/` | discard, errors, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |

@@ -32,8 +32,6 @@ def writeable(x) -> bool:
 
 def numeric_array(value, name: str | None) -> np.ndarray:
     """A Tensor's value: a numeric array (bool, int, float or complex), or a TypeError that says why not."""
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        return np.asarray(value)  # a full reduction's scalar
     if hasattr(value, "value") and hasattr(value, "requires_grad"):
         raise TypeError(f"Tensor {name or ''}: value is already a Tensor; pass its .value")
     array = as_array(value)

@@ -17,14 +17,19 @@ config = _Config()
 
 
 @contextlib.contextmanager
-def no_grad() -> Iterator[None]:
-    """Ops inside build no graph: outputs have ``requires_grad=False`` and nothing is saved."""
-    previous = config.grad_enabled
-    config.grad_enabled = False
+def _setting(name: str, value) -> Iterator[None]:
+    """``config.<name>`` is ``value`` inside the block, and what it was after it (also when it raises)."""
+    previous = getattr(config, name)
+    setattr(config, name, value)
     try:
         yield
     finally:
-        config.grad_enabled = previous
+        setattr(config, name, previous)
+
+
+def no_grad() -> contextlib.AbstractContextManager:
+    """Ops inside build no graph: outputs have ``requires_grad=False`` and nothing is saved."""
+    return _setting("grad_enabled", False)
 
 
 @contextlib.contextmanager
@@ -42,30 +47,13 @@ def watching(registry: list, watcher) -> Iterator:
         registry[:] = [w for w in registry if w is not watcher]
 
 
-class phase:
+def phase(name: str) -> contextlib.AbstractContextManager:
     """Label the ops run inside: "forward", "backward" or "recompute" (``count_ops`` and
-    ``tracing`` file what runs under the label).
-
-    A class rather than a generator: every backward step enters one, and a generator costs a third.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        self.previous, config.phase = config.phase, self.name
-
-    def __exit__(self, *exc_info) -> None:
-        config.phase = self.previous
+    ``tracing`` file what runs under the label)."""
+    return _setting("phase", name)
 
 
-@contextlib.contextmanager
-def eager_grads(enabled: bool = True) -> Iterator[None]:
+def eager_grads(enabled: bool = True) -> contextlib.AbstractContextManager:
     """The lecture's "before": every Tensor allocates ``grad = zeros_like(value)`` in its
     constructor, every tensor gets a gradient, and no grad is ever freed."""
-    previous = config.eager_grads
-    config.eager_grads = enabled
-    try:
-        yield
-    finally:
-        config.eager_grads = previous
+    return _setting("eager_grads", enabled)

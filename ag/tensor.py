@@ -115,11 +115,10 @@ class Saved:
     own with ``saves_output=True``). ``saved[t]`` is ``t``'s value; any other tensor is an error.
     ``saved.writable_grad()`` is the output's grad for the step to compute its input's grad in."""
 
-    __slots__ = ("output", "tensors", "grad_is_free")
+    __slots__ = ("output", "tensors")
 
     def __init__(self, output: Tensor, tensors: tuple[Tensor, ...]) -> None:
         self.output, self.tensors = output, tensors
-        self.grad_is_free = _grad_freed_after_its_step(output)
 
     def __getitem__(self, tensor: Tensor) -> np.ndarray:
         for t in self.tensors:
@@ -133,7 +132,7 @@ class Saved:
         """The output's grad itself when nothing reads it after this step, else a copy: an op may
         compute its input's grad in it (``g *= mask``) and return it, with no second buffer."""
         grad = self.output.grad
-        return grad if self.grad_is_free else grad.copy()
+        return grad if _grad_freed_after_its_step(self.output) else grad.copy()
 
 
 Grads = Sequence[np.ndarray | None]
@@ -149,14 +148,11 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
     says it reads the output's own value: ``saved`` holds exactly those, and rematerialization
     restores exactly those.
     """
-    if type(value) is np.ndarray and value.dtype.kind in "biufc" and not (config.watchers or config.eager_grads):
-        output = _plain_output(value, op)
-    else:  # a scalar or a GPU array to convert, a watcher to tell, or an eager grad to allocate
-        output = Tensor(value)
-        output.op = op
+    output = Tensor(value)
+    output.op = op
     if config.grad_enabled:
         for t in inputs:
-            if t.requires_grad:
+            if t.requires_grad:  # a loop, not any(): no generator on every op's path
                 _attach(output, tuple(inputs), backward, tuple(saves), saves_output)
                 break
     for t in inputs:
@@ -175,10 +171,9 @@ def _attach(output: Tensor, inputs: tuple[Tensor, ...], backward: Backward,
     output.requires_grad = True
     output.inputs = inputs
     output._backward = backward
-    if saves:
-        output._saved = saves
-        for t in saves:
-            t._needed_by += 1
+    output._saved = saves
+    for t in saves:
+        t._needed_by += 1
     if saves_output:
         output._saves_output = True
         output._needed_by += 1
@@ -206,25 +201,6 @@ def _references(node: Tensor, t: Tensor) -> int:
         except ValueError:  # a cell of a variable not bound yet holds nothing
             continue
     return count
-
-
-def _plain_output(value: np.ndarray, op: str) -> Tensor:
-    """``Tensor(value)`` with its ``op`` for an op's NumPy result when nothing watches and grads
-    are lazy: the same fields, set without ``__init__``'s call and checks. tests/test_engine.py
-    checks every field against ``Tensor(value)``'s."""
-    output = _new_object(Tensor)
-    output.op = op
-    output.value = value
-    output.shape, output.dtype = value.shape, value.dtype
-    output.rematerializer = output.name = output.grad = output._backward = None
-    output.requires_grad = output._saves_output = output._retains_grad = False
-    output._graph_freed = output._internal = False
-    output.inputs = output._saved = ()
-    output._needed_by = 0
-    return output
-
-
-_new_object = object.__new__
 
 
 def topological_sort(root: Tensor) -> list[Tensor]:

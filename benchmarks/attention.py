@@ -57,12 +57,13 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.lab import flash as lab_flash, flash_tiles, sharing  # noqa: E402
-from ag.ops import kernels  # noqa: E402
+from ag.lab import seams  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
-from mlp import machine_lines, print_table  # noqa: E402
+from mlp import busy_limit, in_lab, machine_lines, print_table  # noqa: E402
+from _busy import busy_report  # noqa: E402
 import attention_variants  # noqa: E402
 
 MB = 10**6
@@ -282,6 +283,31 @@ def repeats_for(n: int, args) -> dict[str, int]:
     4 KiB page on this machine, 1.6 s for one array at N = 8192)."""
     i = args.sizes.index(n)
     return {"flash": args.repeats[i], "torch": args.repeats[i], "naive": args.naive_repeats[i]}
+
+
+def busy(args, blocks: dict) -> None:
+    """``--busy``: flash's step (forward and backward) at each N, both masks, on the classroom path, the
+    lab's and torch SDPA's, idle and with one core busy."""
+    for n in args.sizes:
+        for causal in (False, True):
+            inputs = make_inputs(n)
+            flash, torch_sdpa = AgAttention(flash_attention, inputs, causal, **blocks), TorchAttention(inputs, causal)
+            busy_report(f"flash step, N = {n}, {mask_name(causal)}",
+                        {"ag": classroom(flash.step), "ag lab": in_lab(flash.step), "torch": torch_sdpa.step},
+                        args.repeats[args.sizes.index(n)], busy_limit(), print_table)
+
+
+def classroom(run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` with ``ag.lab`` off, whatever the script switched on."""
+    def classroom_run():
+        was = ag.lab.enabled()
+        ag.lab.disable()
+        try:
+            return run()
+        finally:
+            if was:
+                ag.lab.enable()
+    return classroom_run
 
 
 def time_rows(n: int, causal: bool, blocks: dict, args) -> tuple[list[str], list[str]]:
@@ -745,6 +771,8 @@ def parse_args() -> argparse.Namespace:
                         help="time the classroom path (the paper's loops, one thread); default: the lab's (ag.lab)")
     parser.add_argument("--fixed-shift", action="store_true",
                         help="the lab with its fixed shift and base-2 backward (ag.lab.flash.fixed_shift_passes)")
+    parser.add_argument("--busy", action="store_true",
+                        help="only flash's step idle and with one core kept busy, classroom, lab and torch")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,time,memory,anatomy,variants")
     parser.add_argument("--memory-worker", nargs=3, metavar=("FRAMEWORK", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -774,7 +802,7 @@ def main() -> None:
         os.environ["AG_LAB"] = "1"
         ag.lab.enable()
         if args.fixed_shift:
-            kernels.swap({"flash_passes": lab_flash.fixed_shift_passes})
+            seams.swap({"flash_passes": lab_flash.fixed_shift_passes})
     if args.memory_worker:
         framework, n, causal = args.memory_worker
         print(json.dumps(memory_worker(framework, int(n), bool(int(causal)), blocks)))
@@ -789,6 +817,9 @@ def main() -> None:
         print(line)
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           "(other processes on the machine slow every contestant and add noise)")
+    if args.busy:
+        busy(args, blocks)
+        return
     worst = worst_differences(args.sizes[0], blocks)
     print(f"max relative difference from naive at N = {args.sizes[0]} (O, dQ, dK, dV): " +
           ", ".join(f"{name} {mask_name(c)} {w:.1e}" for (name, c), w in worst.items()))

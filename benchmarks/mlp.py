@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
 from _timing import take_turns  # noqa: E402
+from _busy import busy_report  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 
@@ -221,6 +222,12 @@ def numpy_blas_threads() -> tuple[int, str]:
     return os.cpu_count() or 1, "os.cpu_count() (threadpoolctl not installed)"
 
 
+def busy_limit() -> str:
+    """What a step missing the busy-machine goal waits on: the threads it runs on against the free cores."""
+    return (f"NumPy's BLAS on {numpy_blas_threads()[0]} threads, the lab's {ag.lab.workers()} workers, "
+            f"{os.cpu_count()} cores of which one is busy")
+
+
 def numpy_blas_name() -> str:
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -297,6 +304,14 @@ def in_lab(run: Callable[[], object]) -> Callable[[], object]:
         with ag.lab.on():
             return run()
     return lab_run
+
+
+def busy_rows(dtype: str, args) -> None:
+    """``--busy``: the classroom's step, the lab's and torch's, idle and with one core busy."""
+    x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))
+    a, t = AgMLP(x, params), TorchMLP(x, params)
+    busy_report(f"MLP {dtype} step", {"ag": a.step, "ag lab": in_lab(a.step), "torch": t.step},
+                args.repeats, busy_limit(), print_table)
 
 
 def time_row(dtype: str, args) -> tuple[list[str], str]:
@@ -386,6 +401,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--profile", action="store_true", help="only profile ag and torch steps, first dtype")
+    parser.add_argument("--busy", action="store_true", help="only the steps idle and with one core kept busy")
     parser.add_argument("--memory-worker", nargs=2, metavar=("FRAMEWORK", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_worker:
@@ -402,6 +418,10 @@ def main() -> None:
           "(other processes on the machine slow both frameworks and add noise)")
     if args.profile:
         profile(dtypes[0], args)
+        return
+    if args.busy:
+        for dtype in dtypes:
+            busy_rows(dtype, args)
         return
 
     time_rows, memory_rows, limits = [], [], []

@@ -2,6 +2,8 @@
 
     python benchmarks/run_all.py --quick    # small sizes: under 3 minutes on 2 cores
     python benchmarks/run_all.py            # the full sizes of each script: about half an hour
+    python benchmarks/run_all.py --busy --quick   # the MLP, transformer and flash steps idle and with
+                                                  # one core kept busy (``_busy.py``), both paths and torch
 
 Each script runs in its own process (as you would run it), its output streamed; every script ends
 with one ``goal: ...: met`` or ``...: missed`` line per goal (``benchmarks/_goals.py``), and those
@@ -25,18 +27,23 @@ SCRIPTS = {  # script: extra arguments with --quick
     "transformer.py": [],
     "remat_solver.py": ["--part", "2", "--time-limit", "3", "--repeats", "3"],  # 3 s: a fixed plan backs it up
 }
+BUSY_SCRIPTS = {"mlp.py": ["--dtypes", "float32"], "transformer.py": [], "attention.py": ["--sizes", "1024,4096"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="each script's --quick sizes")
     parser.add_argument("--only", help="comma-separated scripts to run (default: all)")
+    parser.add_argument("--busy", action="store_true", help="only the steps idle and with one core kept busy")
     args = parser.parse_args()
-    chosen = args.only.split(",") if args.only else list(SCRIPTS)
+    scripts = BUSY_SCRIPTS if args.busy else SCRIPTS
+    chosen = args.only.split(",") if args.only else list(scripts)
     verdicts, start = [], time.perf_counter()
     for script in chosen:
         command = [sys.executable, os.path.join(HERE, script)]
-        if args.quick:
+        if args.busy:
+            command += ["--busy", *(["--quick"] if args.quick else []), *BUSY_SCRIPTS[script]]
+        elif args.quick:
             command += ["--quick", *SCRIPTS[script]]
         print(f"\n===== {' '.join(['python', 'benchmarks/' + script, *command[2:]])}", flush=True)
         began = time.perf_counter()

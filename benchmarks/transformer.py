@@ -54,7 +54,8 @@ import ag  # noqa: E402
 from _memory import rss_peak_of, run_workers  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown  # noqa: E402
-from mlp import machine_lines, print_table, products_alone  # noqa: E402
+from mlp import busy_limit, in_lab, machine_lines, print_table, products_alone  # noqa: E402
+from _busy import busy_report  # noqa: E402
 
 MB = 10**6
 LAYERS = 4
@@ -216,6 +217,15 @@ def contestants(args) -> dict[str, AgStep | TorchStep]:
         steps[f"ag {mode}"] = AgStep(args, mode, x, dy)
         steps[f"torch {mode}"] = TorchStep(args, mode, x, dy, steps[f"ag {mode}"].model)
     return steps
+
+
+def busy(args) -> None:
+    """``--busy``: the step without recomputation on the classroom path, the lab's and torch's, idle and
+    with one core busy."""
+    x, dy = make_inputs(args)
+    a = AgStep(args, "none", x, dy)
+    steps = {"ag": a, "ag lab": in_lab(a), "torch": TorchStep(args, "none", x, dy, a.model)}
+    busy_report("transformer step", steps, args.repeats, busy_limit(), print_table)
 
 
 def relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -410,6 +420,7 @@ def parse_args() -> argparse.Namespace:
                         help="both frameworks on this many threads (NumPy's BLAS and torch's); default: "
                              "as they start, the machine's cores. 1 shows what the second core is worth to each")
     parser.add_argument("--profile", action="store_true", help="only profile ag's and torch's step (no recomputation)")
+    parser.add_argument("--busy", action="store_true", help="only the step idle and with one core kept busy")
     parser.add_argument("--memory-worker", nargs=2, metavar=("FRAMEWORK", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -459,6 +470,9 @@ def main() -> None:
           "(other processes on the machine slow both frameworks and add noise)")
     if args.profile:
         profile(args)
+        return
+    if args.busy:
+        busy(args)
         return
 
     took = {}

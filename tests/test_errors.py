@@ -15,7 +15,7 @@ def test_matmul_with_mismatched_inner_dimensions():
 
 
 def test_matmul_with_batch_dimensions_that_do_not_broadcast():
-    with pytest.raises(ag.ShapeError, match=r"matmul: batch dimensions \(2,\) and \(3,\)"):
+    with pytest.raises(ag.ShapeError, match=r"matmul's batch dimensions: shapes \(2,\) and \(3,\) do not broadcast"):
         t(2, 3, 4) @ t(3, 4, 5)
 
 

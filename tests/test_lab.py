@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 import ag
+from ag.lab import seams
 from ag.ops import kernels
 
 
 def test_the_classroom_path_is_the_default_and_every_seam_holds_the_classroom_kernel():
     assert not ag.lab.enabled()
-    for name in kernels.names():
-        assert getattr(kernels.KERNELS, name) is kernels.classroom_kernel(name), name
+    for name in seams.names():
+        assert getattr(kernels.KERNELS, name) is seams.classroom_kernel(name), name
     assert kernels.KERNELS.matmul is np.matmul
 
 
@@ -25,12 +26,12 @@ def test_enable_puts_a_variant_into_every_seam_and_disable_takes_each_out():
     ag.lab.enable()
     try:
         assert ag.lab.enabled()
-        swapped = [n for n in kernels.names() if getattr(kernels.KERNELS, n) is not kernels.classroom_kernel(n)]
-        assert swapped == list(kernels.names())
+        swapped = [n for n in seams.names() if getattr(kernels.KERNELS, n) is not seams.classroom_kernel(n)]
+        assert swapped == list(seams.names())
     finally:
         ag.lab.disable()
     assert not ag.lab.enabled()
-    assert all(getattr(kernels.KERNELS, n) is kernels.classroom_kernel(n) for n in kernels.names())
+    assert all(getattr(kernels.KERNELS, n) is seams.classroom_kernel(n) for n in seams.names())
 
 
 def test_on_switches_the_lab_on_inside_the_block_and_back_after_even_on_an_error():
@@ -67,7 +68,7 @@ def test_an_ag_lab_that_is_neither_1_nor_0_is_refused_with_a_sentence():
 
 def test_swap_refuses_a_seam_that_does_not_exist_and_names_the_seams():
     with pytest.raises(KeyError, match="no seam named relu_fast; the seams are .*matmul"):
-        kernels.swap({"relu_fast": np.maximum})
+        seams.swap({"relu_fast": np.maximum})
     assert not ag.lab.enabled()
 
 

@@ -10,7 +10,7 @@ import ag
 from ag.attention import flash_attention, naive_attention
 from ag.lab import flash, flash_loops
 from ag.lab.flash_tiles import LabTiles
-from ag.ops import kernels
+from ag.lab import seams
 from test_attention import grads_of, qkv
 
 # the names these tests patch or read, where the lab keeps them
@@ -28,7 +28,7 @@ def lab_flash(*args, workers=None, shift="fixed", **options):
     try:
         with ag.lab.on():
             if shift == "fixed":
-                kernels.swap({"flash_passes": flash.fixed_shift_passes})
+                seams.swap({"flash_passes": flash.fixed_shift_passes})
             return flash_attention(*args, **options)
     finally:
         ag.lab.set_workers(previous)
@@ -373,7 +373,7 @@ def test_each_thread_takes_its_own_runs_whichever_starts_first():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_exp_of_a_tile_gives_zero_not_a_subnormal_and_numpys_exp_elsewhere(dtype):
-    from ag.ops.reductions import EXP_FLOOR
+    from ag.lab.subnormals import EXP_FLOOR
     floor = EXP_FLOOR[np.dtype(dtype)]
     s = np.random.default_rng(0).uniform(floor - 30, 5, (2, 8, 64)).astype(dtype)
     s[0, 0, :4] = [-np.inf, np.nan, floor + 0.5, floor - 0.5]
@@ -400,8 +400,8 @@ def test_peaked_attention_computes_no_subnormal_probability_and_matches_naive(mo
             subnormal.append(int(np.count_nonzero((result > 0) & (result < np.finfo(result.dtype).tiny))))
             return result
         return spy
-    from ag.ops import reductions
-    for module in (tiles_module, reductions):  # Tiles.exp is reductions.exp_flushed
+    from ag.lab import subnormals
+    for module in (tiles_module, subnormals):  # Tiles.exp is subnormals.exp_flushed
         monkeypatch.setattr(module, "np", types.SimpleNamespace(**{**vars(np), "exp": counted(np.exp),
                                                                    "exp2": counted(np.exp2)}))
     weight = np.random.default_rng(5).standard_normal(q.shape).astype(np.float32)

@@ -2,12 +2,13 @@
 
 The classroom path, the default, is the lecture's code: a product is one ``np.matmul``, a pass
 one NumPy call over the whole array. The lab puts its variants into the ops' seams
-(``ag.ops.kernels``) and takes them out again, never editing an op:
+(``ag.ops.kernels``) and takes them out again (``seams``), never editing an op:
 
 - ``products``: a large product cut into blocks of rows or matrices, one BLAS call a step on one
   BLAS thread, the blocks dealt to the lab's threads;
 - ``passes``: large elementwise and row-wise passes (relu, gelu, layer_norm, the softmaxes,
   dropout's mask) shared among those threads, and a short vector's sum as one BLAS dot;
+- ``subnormals``: exp with its subnormal results flushed to 0, for the softmax family's passes;
 - ``threads``: the pool that runs the blocks, and ``set_workers``;
 - ``flash``, ``flash_loops``, ``flash_tiles``, ``sharing``: ``flash_attention`` on NumPy with a fixed
   shift, exp2, subnormals flushed and one call's heads shared among the threads.
@@ -23,7 +24,7 @@ import os
 from typing import Iterator
 
 from ..ops import kernels
-from . import flash, passes, products, threads
+from . import flash, passes, products, seams, threads
 from .threads import set_workers, workers
 
 __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
@@ -31,12 +32,12 @@ __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
 
 def enable() -> None:
     """Put the lab's variants into the ops' seams, for the whole process."""
-    kernels.swap({"matmul": products.matmul, "flash_passes": flash.passes, **passes.variants()})
+    seams.swap({"matmul": products.matmul, "flash_passes": flash.passes, **passes.variants()})
 
 
 def disable() -> None:
     """Back to the classroom path: every seam holds the classroom's kernel."""
-    kernels.restore()
+    seams.restore()
 
 
 def enabled() -> bool:

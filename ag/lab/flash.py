@@ -73,7 +73,7 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
 
 def fixed_shift_passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None,
                        variants: Variants | None = None):
-    """``passes`` with the fixed shift and the base-2 backward, for ``kernels.swap({"flash_passes":
+    """``passes`` with the fixed shift and the base-2 backward, for ``seams.swap({"flash_passes":
     fixed_shift_passes})``: its e^S·v / e^S is not exactly v for a single key, and exp2's log2 e ·
     S rounds once more, so float32 lands up to 3 × torch's error where the paper's loop stays within 2 ×."""
     return passes(heads, causal, scale, block_q, block_k, variants, fixed_shift=True)

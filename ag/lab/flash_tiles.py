@@ -11,7 +11,7 @@ import numpy as np
 
 from ..attention.shapes import Heads
 from ..attention.tiles import Tiles
-from ..ops.reductions import exp_flushed
+from .subnormals import exp_flushed
 
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
@@ -122,7 +122,7 @@ class LabTiles(Tiles):
 
     @staticmethod
     def exp(s: np.ndarray) -> np.ndarray:
-        """P = e^S in place, 0 where e^S would be a subnormal number (``ops.reductions.exp_flushed``),
+        """P = e^S in place, 0 where e^S would be a subnormal number (``subnormals.exp_flushed``),
         which an Intel Xeon computes many times as slowly (docs/lab.md)."""
         return exp_flushed(s)
 

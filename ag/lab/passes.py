@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 
 from ..ops import fused
-from ..ops.kernels import classroom_kernel
-from . import threads
+from . import subnormals, threads
+from .seams import classroom_kernel
 
 
 def shared_ufunc(ufunc: np.ufunc) -> Callable:
@@ -133,6 +133,6 @@ _ONES = {np.dtype(dtype): _ones_views(dtype) for dtype in (np.float32, np.float6
 
 def variants() -> dict[str, Callable]:
     """The lab's kernels, by the seam each goes in."""
-    return {"maximum": shared_ufunc(np.maximum), "multiply": shared_ufunc(np.multiply), "sum": dot_sum,
+    return {"exp": subnormals.exp, "maximum": shared_ufunc(np.maximum), "multiply": shared_ufunc(np.multiply), "sum": dot_sum,
             "gelu": gelu, "gelu_grad": gelu_grad, "layer_norm": layer_norm, "layer_norm_grad": layer_norm_grad,
             "scaled_masked_softmax": scaled_masked_softmax, "softmax_grad": softmax_grad, "keep_mask": keep_mask}

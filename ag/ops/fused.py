@@ -1,8 +1,6 @@
 """The transformer's fused ops (layer_norm, dropout, scaled_masked_softmax), each saving exactly what backward reads."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..arrays import array_module
@@ -11,7 +9,7 @@ from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS, classroom
 from .operands import operand as _operand
-from .reductions import divide_by_row_sums, exp_flushed as _exp_flushed, finite_max as _finite_max
+from .reductions import divide_by_row_sums, finite_max as _finite_max
 
 
 def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
@@ -78,12 +76,11 @@ def keep_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float) -> np.
     uniform 32-bit integer is at least p · 2^32, rounded. ``rng`` gives one seed; chunk c of
     ``MASK_CHUNK`` elements is drawn from its own PCG64 seeded with (seed, c), so the chunks
     may be drawn in any order and the mask stays the same."""
-    n = math.prod(shape)
     threshold = min(round(p * 2.0 ** 32), 2 ** 32 - 1)
     seed = int(rng.integers(2 ** 63))
-    mask = np.empty(n, np.bool_)
-    KERNELS.keep_mask(mask, seed, threshold)
-    return mask.reshape(shape)
+    mask = np.empty(shape, np.bool_)
+    KERNELS.keep_mask(mask.reshape(-1), seed, threshold)  # a view: the chunks are drawn into mask
+    return mask
 
 
 @classroom("keep_mask")
@@ -143,12 +140,9 @@ def _masked_softmax_into(y: np.ndarray, s: np.ndarray, scale, causal: bool) -> N
     """y = softmax(scale · s + mask) over the last axis, into ``y``, for a stack of (queries, keys)."""
     np.multiply(s, scale, out=y)
     n_q, n_k = y.shape[-2:]
-    # the least score before the mask, less the greatest row max, bounds the shifted scores
-    lowest = np.fmin.reduce(y, axis=None) if type(y) is np.ndarray and y.size else None
     if causal:
         xp = array_module(y)
         np.copyto(y, -np.inf, where=xp.arange(n_k)[None, :] > xp.arange(n_q)[:, None])
-    m = _finite_max(y, (y.ndim - 1,)).astype(y.dtype, copy=False)
-    y -= m
-    _exp_flushed(y, None if lowest is None else lowest - np.max(m))
+    y -= _finite_max(y, (y.ndim - 1,))
+    KERNELS.exp(y, out=y)
     divide_by_row_sums(y, -1)

@@ -1,17 +1,16 @@
 """The matrix product: matmul and linear (x @ w + b), each product counted by ``ag.count_ops``."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import hooks
+from ..device_matmul import device_product
 from ..errors import ShapeError
 from ..modes import config
 from ..tensor import Grads, Saved, Tensor, make_output
 # the helpers the ops share, bound under private names: they are not ops of this module
 from .kernels import KERNELS
-from .operands import needs as _needs, operand as _operand, operands as _operands
+from .operands import broadcast as _broadcast, needs as _needs, operand as _operand, operands as _operands
 
 
 def matmul(a, b) -> Tensor:
@@ -23,8 +22,9 @@ def matmul(a, b) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         g = out.grad
-        if a_vector or b_vector:  # as np.matmul does: a vector is a one-row or one-column matrix
-            g = g.reshape(_matmul_shape(_as_matrix(a.shape, row=True), _as_matrix(b.shape, row=False)))
+        # as np.matmul does: a vector a is a one-row matrix, a vector b a one-column one
+        g = np.expand_dims(g, -1) if b_vector else g
+        g = np.expand_dims(g, -2) if a_vector else g
         ga = gb = None
         if a.requires_grad:
             ga = _product(g, np.swapaxes(_as_matrix(saved[b], row=False), -1, -2))
@@ -36,10 +36,8 @@ def matmul(a, b) -> Tensor:
     return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
 
 
-def _as_matrix(x, row: bool):
-    """A 1-D array (or shape) as a one-row matrix (``row``) or a one-column one; else unchanged."""
-    if isinstance(x, tuple):
-        return x if len(x) != 1 else ((1,) + x if row else x + (1,))
+def _as_matrix(x: np.ndarray, row: bool) -> np.ndarray:
+    """A 1-D array as a one-row matrix (``row``) or a one-column one; else unchanged."""
     return x if x.ndim != 1 else (x[None, :] if row else x[:, None])
 
 
@@ -76,29 +74,10 @@ def _product(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None)
         product = np.empty_like(x, shape=shape, dtype=np.result_type(x, y))
         KERNELS.matmul(x, y, out=product.reshape(x.shape[:-1] + y.shape[-1:]))
     else:
-        product = KERNELS.matmul(x, y) if type(x) is np.ndarray else _device_product(x, y)
+        product = KERNELS.matmul(x, y) if type(x) is np.ndarray else device_product(x, y)
     if config.watchers:  # count_ops among them
         hooks.publish("product counted", config.phase, 2 * product.size * x.shape[-1])
     return product
-
-
-def _device_product(x, y):
-    """x @ y off NumPy (CuPy). CuPy's matmul first copies each operand of a stack that is not
-    C-contiguous (cupy/_core/_routines_linalg.pyx), so a backward's transposed operand would be
-    copied whole (attention's Pᵀ in dV = Pᵀ dO). (yᵀ xᵀ)ᵀ is the same product with the other
-    operands' copies and one of the result (to C order); whichever way copies fewer bytes runs."""
-    if min(x.ndim, y.ndim) < 2 or max(x.ndim, y.ndim) <= 2:
-        return np.matmul(x, y)
-    xt, yt = np.swapaxes(x, -1, -2), np.swapaxes(y, -1, -2)
-    result = math.prod(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1]))
-    if _copied(yt, xt) + result * np.result_type(x.dtype, y.dtype).itemsize < _copied(x, y):
-        return np.swapaxes(np.matmul(yt, xt), -1, -2).copy()  # .copy() is C order, in NumPy and CuPy
-    return np.matmul(x, y)
-
-
-def _copied(*arrays) -> int:
-    """Bytes CuPy's matmul copies of these operands of a stack: those that are not C-contiguous."""
-    return sum(a.nbytes for a in arrays if not a.flags.c_contiguous)
 
 
 def _check_linear(x: Tensor, w: Tensor) -> None:
@@ -118,14 +97,5 @@ def _check_matmul(a: Tensor, b: Tensor) -> None:
     if k_a != k_b:
         raise ShapeError(f"matmul: shapes {a_shape} and {b_shape} do not align: the last "
                          f"dimension of a ({k_a}) must equal the second-to-last of b ({k_b})")
-    if len(a_shape) <= 2 and len(b_shape) <= 2:
-        return
-    try:
-        np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
-    except ValueError:
-        raise ShapeError(f"matmul: batch dimensions {a_shape[:-2]} and {b_shape[:-2]} of shapes "
-                         f"{a_shape} and {b_shape} do not broadcast") from None
-
-
-def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
-    return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
+    if len(a_shape) > 2 or len(b_shape) > 2:
+        _broadcast("matmul's batch dimensions", a_shape[:-2], b_shape[:-2])

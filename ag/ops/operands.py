@@ -32,8 +32,6 @@ def operand(op: str, x, like: Tensor | None = None) -> Tensor:
 
 
 def operands(op: str, a, b) -> tuple[Tensor, Tensor]:
-    if type(a) is Tensor and type(b) is Tensor and a.value is not None and b.value is not None:
-        return a, b  # the common case, without two calls
     a = operand(op, a, b if isinstance(b, Tensor) else None)
     return a, operand(op, b, a)
 
@@ -48,13 +46,10 @@ def broadcast(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
                          "(trailing dimensions must be equal or 1)") from None
 
 
-_ALL_AXES = tuple(tuple(range(ndim)) for ndim in range(33))  # axis=None, made once per ndim
-
-
 def normalize_axes(op: str, axis, ndim: int) -> tuple[int, ...]:
     """Normalize ``axis`` (None, int or tuple) to sorted non-negative axes, or raise."""
     if axis is None:
-        return _ALL_AXES[ndim] if ndim < len(_ALL_AXES) else tuple(range(ndim))
+        return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     for ax in axes:
         if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
@@ -73,12 +68,7 @@ def normalize_axis(op: str, axis: int, ndim: int) -> int:
 
 def expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     """Put the reduced axes back as size-1 dimensions, so ``g`` broadcasts against the input."""
-    if keepdims:
-        return g
-    shape = list(g.shape)
-    for ax in axes:  # sorted, so each lands where it was
-        shape.insert(ax, 1)
-    return g.reshape(shape)
+    return g if keepdims else np.expand_dims(g, axes)  # axes sorted: each lands where it was
 
 
 def needs(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:

@@ -12,16 +12,6 @@ from .kernels import KERNELS, classroom
 from .operands import expand as _expand, normalize_axes as _axes, normalize_axis as _axis, operand as _operand
 
 
-def _exp_floor(t: type) -> np.floating:
-    """ln(tiny) rounded down to t: e^x is a subnormal number below it."""
-    x = t(math.log(np.finfo(t).tiny))
-    return np.nextafter(x, t(-np.inf)) if x > math.log(np.finfo(t).tiny) else x
-
-
-# e^x is a subnormal number below x = ln(tiny): -87.3 in float32, -708.4 in float64
-EXP_FLOOR = {np.dtype(t): _exp_floor(t) for t in (np.float32, np.float64)}
-
-
 def sum(a, axis=None, keepdims: bool = False) -> Tensor:
     """out = Σ_axis a;  da = dout broadcast back over the summed axes."""
     a = _operand("sum", a)
@@ -78,38 +68,18 @@ def finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return np.where(np.isfinite(m), m, 0).astype(x.dtype, copy=False)
 
 
-def exp_flushed(x, lowest=None, flush_masked: bool = True):
-    """e^x in x's buffer, and 0 where x <= ``EXP_FLOOR``, where e^x would be a subnormal number
-    (some CPUs compute those many times as slowly). Such an x is raised
-    to the floor's next number and its result multiplied by 0, without a branch. ``lowest``, a
-    lower bound on x's finite entries known beforehand, saves the min over x. With
-    ``flush_masked=False`` an x holding -inf (a mask) is not flushed. A NaN stays NaN. Only NumPy's
-    float32 and float64 arrays are flushed."""
-    floor = EXP_FLOOR.get(x.dtype) if type(x) is np.ndarray else None
-    if floor is None or not x.size:
-        return np.exp(x, out=x)
-    if lowest is None:
-        lowest = np.fmin.reduce(x, axis=None)
-    if not lowest <= floor or (lowest == -np.inf and not flush_masked):  # not: a NaN lowest is no flush
-        return np.exp(x, out=x)
-    keep = x > floor  # False for a NaN, whose product with 0 stays NaN
-    np.maximum(x, np.nextafter(floor, x.dtype.type(0)), out=x)
-    np.exp(x, out=x)
-    x *= keep
-    return x
-
-
 def _logsumexp(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     m = finite_max(x, axes)
-    with np.errstate(divide="ignore"):  # the sum holds e^0 = 1: a flushed term could not change it
-        out = m + np.log(np.sum(exp_flushed(x - m, flush_masked=False), axis=axes, keepdims=True))
+    shifted = x - m
+    with np.errstate(divide="ignore"):  # a row of -inf only sums to 0: its logsumexp is -inf
+        out = m + np.log(np.sum(KERNELS.exp(shifted, out=shifted), axis=axes, keepdims=True))
     return out if keepdims else np.squeeze(out, axes)
 
 
 def _exp_shifted(x: np.ndarray, lse: np.ndarray) -> np.ndarray:
     """exp(x - lse), taking -inf - (-inf) as -inf (a row with nothing in it gets probability 0)."""
     shifted = x - np.where(np.isfinite(lse), lse, 0).astype(x.dtype, copy=False)
-    return exp_flushed(shifted, flush_masked=False) * np.isfinite(lse)
+    return KERNELS.exp(shifted, out=shifted) * np.isfinite(lse)
 
 
 @classroom("softmax_grad")
@@ -137,7 +107,7 @@ def softmax(a, axis: int = -1) -> Tensor:
     a = _operand("softmax", a)
     ax = _axis("softmax", axis, a.ndim)
     y = a.value - finite_max(a.value, (ax,))
-    exp_flushed(y, flush_masked=False)
+    KERNELS.exp(y, out=y)
     divide_by_row_sums(y, ax)
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
@@ -154,6 +124,6 @@ def log_softmax(a, axis: int = -1) -> Tensor:
     value = a.value - _logsumexp(a.value, (ax,), keepdims=True)
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
-        p = exp_flushed(saved[out].copy(), flush_masked=False)
+        p = KERNELS.exp(saved[out])
         return (out.grad - p * np.sum(out.grad, axis=ax, keepdims=True),)
     return make_output(value, "log_softmax", (a,), _backward, saves_output=True)

@@ -51,11 +51,10 @@ def getitem(a, index) -> Tensor:
         value = a.value[index]
     except (IndexError, TypeError) as error:
         raise ShapeError(f"getitem: index {index!r} does not fit shape {a.shape}: {error}") from None
-    basic = _is_basic(index)
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         g = np.zeros_like(out.grad, shape=a.shape)
-        if basic:
+        if _is_basic(index):
             g[index] = out.grad
         else:
             np.add.at(g, index, out.grad)
@@ -82,12 +81,11 @@ def concat(tensors: Sequence, axis: int = 0) -> Tensor:
     if not tensors:
         raise ShapeError("concat: needs at least one tensor")
     ax = _axis("concat", axis, tensors[0].ndim)
-    first = tensors[0].shape
-    for t in tensors[1:]:
-        if t.ndim != len(first) or any(n != m for i, (n, m) in enumerate(zip(t.shape, first)) if i != ax):
-            raise ShapeError(f"concat: shapes {[x.shape for x in tensors]} differ outside axis {ax}")
+    try:
+        value = np.concatenate([t.value for t in tensors], axis=ax)
+    except ValueError:
+        raise ShapeError(f"concat: shapes {[x.shape for x in tensors]} differ outside axis {ax}") from None
     ends = np.cumsum([t.shape[ax] for t in tensors])[:-1]
-    value = np.concatenate([t.value for t in tensors], axis=ax)
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return np.split(out.grad, ends, axis=ax)
