@@ -131,25 +131,44 @@ def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return R, S
 
 
-def measure(graph: Graph) -> None:
+def measure(graph: Graph, times: int = 3) -> None:
     """Run the step, keeping everything, to measure what no plan changes: each node's workspace,
-    the grads alive before each backward step and each step's transient bytes (the second of two
-    runs). The leaves' grads are put back as they were."""
+    the grads alive before each backward step and each step's transient bytes. The leaves'
+    grads are put back as they were.
+
+    A run's transient bytes include the interpreter's small objects, which CPython's free lists
+    serve untraced or not depending on what ran before; the least of ``times`` measurings is the
+    step's own, the same in a fresh process as in a warm one."""
     saved = [leaf.grad for leaf in graph.leaves]
+    workspace = [None] * graph.n
+    extra = [None] * len(graph.steps)
     try:
-        for measuring in (False, True):  # the first run warms up what NumPy caches; the second is measured
-            for leaf in graph.leaves:
-                leaf.grad = None
-            run = Run(graph)
-            run.measuring = measuring
-            run.run(*keep_all(graph))
+        for _ in range(times):
+            run = _measured_run(graph)
+            workspace = [_least(w, run.workspace.get(k, 0)) for k, w in enumerate(workspace)]
+            extra = [_least(e, run.extra.get(j, 0)) for j, e in enumerate(extra)]
     finally:
         for leaf, grad in zip(graph.leaves, saved):
             leaf.grad = grad
-    for k, node in enumerate(graph.nodes):
-        node.workspace_bytes = run.workspace.get(k, 0)
+    for node, bytes_ in zip(graph.nodes, workspace):
+        node.workspace_bytes = bytes_
     for j, step in enumerate(graph.steps):
-        step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), run.extra.get(j, 0)
+        step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), extra[j]
+
+
+def _measured_run(graph: Graph) -> Run:
+    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured."""
+    for measuring in (False, True):
+        for leaf in graph.leaves:
+            leaf.grad = None
+        run = Run(graph)
+        run.measuring = measuring
+        run.run(*keep_all(graph))
+    return run
+
+
+def _least(a: int | None, b: int) -> int:
+    return b if a is None else min(a, b)
 
 
 def execute(schedule, *, trace_memory: bool = True) -> Execution:

@@ -21,8 +21,11 @@ from .plans import plan
 from .schedule import Schedule, cheapest_within
 
 
-def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
-    """The schedule that keeps ``keep`` (node indices) from forward to backward."""
+def from_keep(graph: Graph, keep, planner: str = "keep", *, blocks=()) -> Schedule:
+    """The schedule that keeps ``keep`` (node indices) from forward to backward.
+
+    ``blocks`` are sets of nodes rerun whole, as ``checkpoint`` reruns a function: a replay that
+    needs one node of a block recomputes every node of it, its output too."""
     T, n = graph.stages, graph.n
     bad = [k for k in keep if not (isinstance(k, (int, np.integer)) and 0 <= k < n)]
     if bad:
@@ -48,6 +51,9 @@ def from_keep(graph: Graph, keep, planner: str = "keep") -> Schedule:
             replayed = {segment[i] for i in gone}
             wanted = gone | {i for i, last in last_read.items()
                              if last >= t and i not in resident and i not in keep and segment[i] in replayed}
+            for block in blocks:
+                if block & wanted:
+                    wanted |= set(block) - resident
             computes = _missing(graph, wanted, resident)
             recomputed |= computes
         R[t, sorted(computes)] = True
@@ -159,15 +165,16 @@ LAYER = "LayerRun.__call__"
 
 def nemo(graph: Graph, granularity: str) -> Schedule:
     """NeMo's ``activations_checkpoint_granularity`` on a graph captured from ``nn`` layers
-    with none: "selective" drops the attention core's values (recomputed from Q, K, V in
-    backward), "full" keeps only each layer's output (the next layer's input)."""
+    with none: "selective" keeps each attention core's inputs Q, K, V and reruns the whole core
+    (QKᵀ, softmax, dropout, P·V) in backward, as Korthikanti et al.'s selective recomputation
+    does; "full" keeps only each layer's output (the next layer's input)."""
     if granularity == "selective":
-        core = {node.index for node in graph.nodes if any(s.startswith(CORE) for s in node.scope)}
-        if not core:
+        cores = _each(graph, CORE)
+        if not cores:
             raise ValueError("nemo: no node of this graph was made in an attention core; "
                              "capture an nn.TransformerLayer or Transformer")
-        outputs = _last_of_each(graph, CORE)
-        return from_keep(graph, [i for i in range(graph.n) if i not in core or i in outputs], "selective")
+        inside = set().union(*cores)
+        return from_keep(graph, [i for i in range(graph.n) if i not in inside], "selective", blocks=cores)
     if granularity == "full":
         outputs = _last_of_each(graph, LAYER)
         if not outputs:
@@ -177,11 +184,16 @@ def nemo(graph: Graph, granularity: str) -> Schedule:
     raise ValueError(f"nemo: granularity must be 'selective' or 'full', got {granularity!r}")
 
 
-def _last_of_each(graph: Graph, prefix: str) -> set[int]:
-    """The last node made in each call of the scope ``prefix`` (one per object)."""
-    last: dict[str, int] = {}
+def _each(graph: Graph, prefix: str) -> list[set[int]]:
+    """The nodes made in each call of the scope ``prefix`` (one set per object)."""
+    made: dict[str, set[int]] = {}
     for node in graph.nodes:
         for s in node.scope:
             if s.startswith(prefix):
-                last[s] = node.index
-    return set(last.values())
+                made.setdefault(s, set()).add(node.index)
+    return list(made.values())
+
+
+def _last_of_each(graph: Graph, prefix: str) -> set[int]:
+    """The last node made in each call of the scope ``prefix`` (one per object)."""
+    return {max(block) for block in _each(graph, prefix)}

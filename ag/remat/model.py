@@ -38,6 +38,7 @@ class Prediction:
     peak_bytes: int
     recompute_flops: int
     curve: tuple[tuple[str, int], ...]  # (event, bytes alive after it), for plots
+    peak_stage: int = 0  # the first stage that reaches the peak
 
 
 def stage_step(graph: Graph, t: int) -> int | None:
@@ -159,16 +160,18 @@ def simulate(graph: Graph, R: np.ndarray, S: np.ndarray) -> Prediction:
     """The schedule's predicted peak bytes and recomputed FLOPs under the model."""
     memory = Memory(graph)
     curve = []
-    stage = -1
+    stage, peak_stage = -1, 0
     for kind, t, x in events(graph, R, S):
         if t != stage:
             stage = t
             memory.stage(t)
+        before = memory.peak
         getattr(memory, kind)(x)
         curve.append((f"{kind} {x}", memory.alive))
+        peak_stage = t if memory.peak > before else peak_stage
     flops = np.array([node.flops for node in graph.nodes], dtype=np.int64)
     recompute = int((R.sum(axis=0).astype(np.int64) - 1).clip(min=0) @ flops)
-    return Prediction(int(memory.peak), recompute, tuple(curve))
+    return Prediction(int(memory.peak), recompute, tuple(curve), peak_stage)
 
 
 def prune(graph: Graph, R: np.ndarray, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
