@@ -32,7 +32,7 @@ from .cost import ChainProfile, Prediction, as_profile, predict, profile
 from .checkmate import checkmate, lower_bound_bytes
 from .dtr import HEURISTICS, DynamicRun, dynamic
 from .execute import Execution, execute
-from .function import checkpoint
+from ..checkpoint import checkpoint
 from .plans import STRATEGIES, mode_for, plan
 from .graph import BackwardStep, CaptureError, Graph, Node, capture
 from .keep import chain_schedule, from_keep, nemo

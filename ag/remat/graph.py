@@ -89,7 +89,7 @@ class Node:
     deps: tuple[int, ...]   # the nodes among its arguments
     view_of: int | None     # the node whose buffer it views
     has_backward: bool
-    scope: tuple[str, ...]  # the functions it was made in, outermost first
+    scope: tuple[str, ...]  # the scopes (``hooks.scope``) it was made in, outermost first: "transformer layer#0"
     call: Call
     workspace_bytes: int = 0  # transient bytes while it is computed, above what it leaves behind
 
@@ -220,7 +220,8 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
     if owns_tracing:
         tracemalloc.start(1)
     try:
-        with count_ops() as recorder.counts, hooks.subscribed("op run", recorder):
+        with count_ops() as recorder.counts, hooks.subscribed("op run", recorder), \
+                hooks.subscribed("scope entered", recorder.enter), hooks.subscribed("scope left", recorder.leave):
             loss = fn(*inputs)
         graph = recorder.graph(loss)
         from .execute import measure
@@ -232,12 +233,24 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
 
 
 class _Recorder:
-    """The "op run" subscriber: one entry per op output, read in the op's own frame."""
+    """The "op run" subscriber: one entry per op output, read in the op's own frame; and the
+    scopes' subscriber, which numbers each entry of a scope ("attention core#1": the second)."""
 
     def __init__(self) -> None:
         self.counts = None
         self.entries: list[tuple[Tensor, dict[str, Any]]] = []
         self.flops_seen = 0
+        self.scopes: list[str] = []
+        self.entered: dict[str, int] = {}
+
+    def enter(self, name: str) -> None:
+        k = self.entered.get(name, 0)
+        self.entered[name] = k + 1
+        self.scopes.append(f"{name}#{k}")
+
+    def leave(self, name: str) -> None:
+        if self.scopes:  # a scope entered before capture began is not on the stack
+            self.scopes.pop()
 
     def __call__(self, output: Tensor) -> None:
         if not config.grad_enabled:
@@ -248,7 +261,7 @@ class _Recorder:
         source = None
         if output.value.base is not None:  # a view of one of its arguments?
             source = next((t for t in call.tensors() if _shares(output, t)), None)
-        entry = {"call": call, "flops": flops - self.flops_seen, "scope": _scope(frame.f_back),
+        entry = {"call": call, "flops": flops - self.flops_seen, "scope": tuple(self.scopes),
                  "hidden": _closure_bytes(output._backward), "bytes": int(output.nbytes), "source": source}
         self.flops_seen = flops
         self.entries.append((output, entry))
@@ -308,18 +321,6 @@ def _call_of(frame) -> Call:
     if code.co_flags & 0x04:  # CO_VARARGS
         args.extend(local[names[n_pos + n_kw]])
     return Call(fn, tuple(args), kwargs)
-
-
-def _scope(frame) -> tuple[str, ...]:
-    """The functions the op ran in, outermost first; a method (or a closure over ``self``) is
-    named with its object, ``TransformerLayer.forward_with.<locals>.forward@7f..``, so that two
-    layers of one class are two scopes."""
-    names = []
-    while frame is not None and frame.f_code.co_name != "capture":
-        owner = frame.f_locals.get("self")
-        names.append(frame.f_code.co_qualname + (f"@{id(owner):x}" if owner is not None else ""))
-        frame = frame.f_back
-    return tuple(reversed(names))
 
 
 def _closure_bytes(closure) -> int:

@@ -157,10 +157,10 @@ def fitting(plans: list[Schedule], budget_bytes: int) -> Schedule:
     return best
 
 
-# ---- NeMo's recomputation modes, found by where each node was made ----
+# ---- NeMo's recomputation modes, found by the scopes nn names ----
 
-CORE = "MultiHeadAttention._core.<locals>.core"
-LAYER = "LayerRun.__call__"
+CORE = "attention core"  # the scopes nn names (hooks.scope)
+LAYER = "transformer layer"
 
 
 def nemo(graph: Graph, granularity: str) -> Schedule:
@@ -184,16 +184,16 @@ def nemo(graph: Graph, granularity: str) -> Schedule:
     raise ValueError(f"nemo: granularity must be 'selective' or 'full', got {granularity!r}")
 
 
-def _each(graph: Graph, prefix: str) -> list[set[int]]:
-    """The nodes made in each call of the scope ``prefix`` (one set per object)."""
+def _each(graph: Graph, name: str) -> list[set[int]]:
+    """The nodes made in each entry of the scope ``name`` ("attention core#0", "#1", ...)."""
     made: dict[str, set[int]] = {}
     for node in graph.nodes:
         for s in node.scope:
-            if s.startswith(prefix):
+            if s.rpartition("#")[0] == name:
                 made.setdefault(s, set()).add(node.index)
     return list(made.values())
 
 
-def _last_of_each(graph: Graph, prefix: str) -> set[int]:
-    """The last node made in each call of the scope ``prefix`` (one per object)."""
-    return {max(block) for block in _each(graph, prefix)}
+def _last_of_each(graph: Graph, name: str) -> set[int]:
+    """The last node made in each entry of the scope ``name``."""
+    return {max(block) for block in _each(graph, name)}
