@@ -34,7 +34,8 @@ from .dtr import HEURISTICS, DynamicRun, dynamic
 from .execute import Execution, execute
 from ..checkpoint import checkpoint
 from .plans import STRATEGIES, mode_for, plan
-from .graph import BackwardStep, CaptureError, Graph, Node, capture
+from .capture import capture
+from .graph import BackwardStep, CaptureError, Graph, Node
 from .keep import chain_schedule, from_keep, nemo
 from .model import ScheduleError, simulate
 from .moccasin import moccasin

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..modes import no_grad
 from ..tensor import Tensor
+from ..trace import count_ops
 from .runner import Layer, check_checkpoints
 
 
@@ -44,7 +45,6 @@ class Prediction:
 
 def profile(layers: Sequence[Layer], x) -> ChainProfile:
     """Run the chain once without a graph and record each layer's output bytes and FLOPs."""
-    from ..trace import count_ops
     sizes, costs = [], []
     h = x.value if isinstance(x, Tensor) else x
     with no_grad():

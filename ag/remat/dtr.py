@@ -10,8 +10,11 @@ from typing import Sequence
 import numpy as np
 
 from ..hooks import record_tensors
+from ..trace import count_ops
 from ..discard import release_unneeded
 from ..tensor import Tensor
+from .capture import capture
+from .execute import Run, traced
 from .graph import Graph
 from .runner import Chain, Layer
 
@@ -29,7 +32,6 @@ def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dt
     if callable(target) and not isinstance(target, (list, tuple)):
         if budget_bytes is None:
             raise ValueError("dynamic(fn, *inputs): give budget_bytes=")
-        from .graph import capture
         return dynamic_graph(capture(target, *args), budget_bytes, heuristic=heuristic)
     if len(args) == 2 and budget_bytes is None:
         x, budget_bytes = args
@@ -49,7 +51,6 @@ def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tens
     """
     if budget_bytes is None or budget_bytes <= 0:
         raise ValueError(f"dynamic: budget_bytes must be positive, got {budget_bytes!r}")
-    from ..trace import count_ops
     chain = _Dynamic(list(layers), x, int(budget_bytes))
     h = x
     for k, layer in enumerate(chain.layers):
@@ -181,7 +182,6 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
     if not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < graph.leaf_bytes:
         raise ValueError(f"dynamic: budget_bytes must be at least the {graph.leaf_bytes:,} bytes the inputs and "
                          f"parameters hold, got {budget_bytes!r}")
-    from .execute import Run, traced
     start = time.perf_counter()
     with traced(graph) as measured:
         dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))

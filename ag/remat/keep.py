@@ -15,6 +15,7 @@ import copy
 
 import numpy as np
 
+from .cost import ChainProfile
 from .graph import Graph
 from .model import prune
 from .plans import plan
@@ -134,7 +135,6 @@ def chain_plans(graph: Graph, strategy: str) -> list[Schedule]:
     if strategy not in ("greedy", "optimal"):
         raise ValueError(f"chain_plans: strategy must be 'greedy' or 'optimal', got {strategy!r}")
     sizes = [max(1, node.size) for node in graph.nodes]
-    from .cost import ChainProfile
     chain = ChainProfile(tuple(sizes), tuple(max(1, node.flops) for node in graph.nodes))
     tried = []
     for chain_budget in np.unique(np.geomspace(max(sizes), 3 * sum(sizes), 40).astype(np.int64)):
