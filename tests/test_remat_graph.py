@@ -258,6 +258,45 @@ def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
     assert flops[0] == 0 and flops[0] <= flops[1] <= flops[2] and flops[2] > 0
 
 
+
+def test_dtr_records_the_schedule_it_ran_which_the_model_prices_and_execute_replays(graphs):
+    graph, leaves, expected = graphs["U-Net"]
+    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    result = remat.dynamic(graph, int(0.6 * none))
+    ran = result.schedule
+    assert isinstance(ran, remat.Schedule) and result.recompute_flops > 0
+    assert ran.recompute_flops == result.recompute_flops  # the same recomputations, priced by simulate
+    assert ran.predicted_peak_bytes <= result.predicted_peak_bytes
+    replayed, grads = run(ran, leaves)
+    assert replayed.recompute_flops == result.recompute_flops
+    assert all(np.array_equal(a, b) for a, b in zip(grads, expected))
+
+
+def test_one_prediction_class_prices_chain_plans_and_schedules(graphs):
+    graph = graphs["residual MLP"][0]
+    schedule = remat.chain_schedule(graph, "all")
+    assert type(schedule.prediction) is remat.Prediction is type(remat.predict([4, 4, 4], []))
+    assert schedule.prediction.recompute_layers == len(schedule.recomputed()) > 0  # each segment replayed once
+
+
+def test_nemo_reads_the_scopes_a_model_names_not_its_function_names():
+    w = ag.Tensor(np.random.default_rng(0).standard_normal((8, 8)), requires_grad=True)
+
+    def fn(x):
+        h = ag.tanh(x @ w)
+        with ag.hooks.scope("transformer layer"):
+            with ag.hooks.scope("attention core"):
+                core = ag.relu(h @ w)
+            out = core * h
+        return ag.sum(out)
+    graph = remat.capture(fn, ag.Tensor(np.ones((4, 8))))
+    assert [node.scope for node in graph.nodes] == [(), (), ("transformer layer#0", "attention core#0"),
+                                                    ("transformer layer#0", "attention core#0"),
+                                                    ("transformer layer#0",), ()]
+    selective = remat.nemo(graph, "selective")
+    assert selective.recomputed() == [2, 3]  # the whole core, its product and its relu
+    assert remat.nemo(graph, "full").planner == "full"
+
 # ---- the optimal schedule is optimal ----
 
 def random_dag(seed: int, n_ops: int):

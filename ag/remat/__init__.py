@@ -28,7 +28,7 @@ One concept per file: ``runner`` (sequential and its replay), ``cost`` (profile,
 (capture), ``model`` (the memory model), ``schedule``, ``execute``, ``checkmate``,
 ``moccasin``, ``revolve``, ``keep`` (fixed plans on a graph).
 """
-from .cost import ChainProfile, Prediction, as_profile, predict, profile
+from .cost import ChainProfile, as_profile, predict, profile
 from .checkmate import checkmate, lower_bound_bytes
 from .dtr import HEURISTICS, DynamicRun, dynamic
 from .execute import Execution, execute
@@ -37,7 +37,7 @@ from .plans import STRATEGIES, mode_for, plan
 from .capture import capture
 from .graph import BackwardStep, CaptureError, Graph, Node
 from .keep import chain_schedule, from_keep, nemo
-from .model import ScheduleError, simulate
+from .model import Prediction, ScheduleError, simulate
 from .moccasin import moccasin
 from .revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
 from .runner import Layer, sequential

@@ -1,5 +1,6 @@
 """What a chain plan costs: a chain's per-layer bytes and FLOPs (``profile``) and the peak bytes
-and recomputed FLOPs that keeping some outputs predicts (``predict``)."""
+and recomputed FLOPs that keeping some outputs predicts (``predict``), as the ``Prediction`` that
+``model.simulate`` gives a schedule on a captured graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ import numpy as np
 from ..modes import no_grad
 from ..tensor import Tensor
 from ..trace import count_ops
+from .model import Prediction
 from .runner import Layer, check_checkpoints
 
 
@@ -32,15 +34,6 @@ class ChainProfile:
     @property
     def n(self) -> int:
         return len(self.sizes)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Peak bytes of activations and their grads over forward + backward, and the recompute bill."""
-
-    peak_bytes: int
-    recompute_flops: int
-    recompute_layers: int
 
 
 def profile(layers: Sequence[Layer], x) -> ChainProfile:

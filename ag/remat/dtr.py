@@ -16,6 +16,8 @@ from ..tensor import Tensor
 from .capture import capture
 from .execute import Run, traced
 from .graph import Graph
+from .model import ScheduleError, prune
+from .schedule import Schedule
 from .runner import Chain, Layer
 
 
@@ -158,6 +160,7 @@ class DynamicRun:
     budget_bytes: int
     heuristic: str
     seconds: float
+    schedule: Schedule | None = None  # what it ran, as a schedule (None where it is none, see ``ran``)
 
 
 def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq") -> DynamicRun:
@@ -184,12 +187,22 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
                          f"parameters hold, got {budget_bytes!r}")
     start = time.perf_counter()
     with traced(graph) as measured:
-        dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))
+        dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph, record=True))
         dtr.run()
-        predicted, evictions = dtr.run_.memory.peak, dtr.evictions
+        predicted, evictions, R, S = dtr.run_.memory.peak, dtr.evictions, dtr.run_.R, dtr.run_.S
         del dtr
     return DynamicRun(measured.peak_bytes, int(predicted), measured.recompute_flops, evictions,
-                      int(budget_bytes), heuristic, time.perf_counter() - start)
+                      int(budget_bytes), heuristic, time.perf_counter() - start, ran(graph, R, S, heuristic))
+
+
+def ran(graph: Graph, R: np.ndarray, S: np.ndarray, heuristic: str) -> Schedule | None:
+    """The schedule a DTR run recorded, which ``simulate`` prices and ``execute`` replays. A value
+    evicted and recomputed inside one stage counts as kept through it (a stage computes a node
+    once), so the replay can hold more than DTR did; None if the record breaks the model's rules."""
+    try:
+        return Schedule(graph, *prune(graph, R & ~S, S), f"DTR ({heuristic})")
+    except ScheduleError:
+        return None
 
 
 def evicted_neighbourhood(graph: Graph, i: int, evicted: set[int]) -> set[int]:

@@ -36,9 +36,12 @@ class Execution:
 
 
 class Run:
-    """One run of the captured step: a fresh Tensor per node, made when the node is first computed."""
+    """One run of the captured step: a fresh Tensor per node, made when the node is first computed.
 
-    def __init__(self, graph: Graph) -> None:
+    ``record=True`` writes down what ran as Checkmate's matrices: ``R[t, i]``, node i computed in
+    stage t; ``S[t, i]``, node i resident when stage t began (what DTR ran, as a schedule)."""
+
+    def __init__(self, graph: Graph, *, record: bool = False) -> None:
         self.graph = graph
         self.tensors: list[Tensor | None] = [None] * graph.n
         self.done: set[int] = set()  # nodes whose backward step has run
@@ -49,6 +52,16 @@ class Run:
         self.grads: dict[int, int] = {}
         self.measuring = False
         self.loss = float("nan")
+        shape = (graph.stages, graph.n) if record else (0, 0)
+        self.R, self.S = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+        self.t = -1
+
+    def note_stage(self) -> None:
+        """On the first event of a stage, record what is resident as it begins."""
+        if self.memory.t != self.t:
+            self.t = self.memory.t
+            if self.S.size:
+                self.S[self.t, sorted(self.resident)] = True
 
     def value_of(self, original: Tensor) -> Tensor:
         k = self.graph.index_of.get(id(original))
@@ -62,6 +75,9 @@ class Run:
     def compute(self, k: int) -> None:
         node = self.graph.nodes[k]
         t = self.tensors[k]
+        self.note_stage()
+        if self.R.size:
+            self.R[self.t, k] = True
         if self.measuring:
             tracemalloc.reset_peak()
         if t is None:  # first time: with a graph, so it gets its backward closure
@@ -79,6 +95,7 @@ class Run:
             self.loss = float(self.tensors[k].value.item())
 
     def free(self, k: int) -> None:
+        self.note_stage()
         self.tensors[k].value = None
         self.resident.discard(k)
         self.memory.free(k)
@@ -86,6 +103,7 @@ class Run:
     def backward(self, j: int) -> None:
         step = self.graph.steps[j]
         t = self.tensors[step.node]
+        self.note_stage()
         if step.node == self.graph.loss:
             t.grad = np.ones(t.shape, t.dtype)
         if self.measuring:
