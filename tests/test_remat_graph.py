@@ -15,7 +15,7 @@ import pytest
 import ag
 from ag import memory_model, nn, remat
 from ag.remat import examples
-from ag.remat.model import stage_peak
+from ag.remat.graphs.model import stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
     import scipy  # noqa: F401  (CI installs the solver extra: nothing here may skip)
@@ -330,7 +330,7 @@ def brute_force(graph, budget: int) -> int | None:
     exhaustive search over what each stage hands on to the next (for a choice of kept values,
     the cheapest computations are the missing ones the stage and the kept values need).
     None when nothing fits."""
-    from ag.remat.checkmate import need_until
+    from ag.remat.graphs.checkmate import need_until
     n, T = graph.n, graph.stages
     flops = [node.flops for node in graph.nodes]
     until = need_until(graph)
@@ -436,8 +436,8 @@ def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
 
 
 def test_a_sweep_plans_the_chain_once_and_picks_what_chain_schedule_picks(graphs):
-    from ag.remat.keep import chain_plans, fitting
-    from ag.remat.sweep import budgets_between, sweep
+    from ag.remat.graphs.keep import chain_plans, fitting
+    from ag.remat.graphs.sweep import budgets_between, sweep
     graph = graphs["U-Net"][0]
     budgets = budgets_between(graph, 4)
     for strategy, name in (("greedy", "greedy"), ("optimal", "one-level optimal")):
@@ -570,12 +570,12 @@ def test_both_schedules_peak_in_the_backward_of_p_times_v_and_a_tighter_budget_b
     tight = remat.checkmate(graph, selective.predicted_peak_bytes * 96 // 100, time_limit=120)  # the proof is the claim
     assert tight.status == "optimal" and tight.recompute_flops > selective.recompute_flops
     products = [graph.nodes[i] for i in tight.recomputed() if graph.nodes[i].flops]
-    assert any(node.op == "matmul" and any(sc.startswith(remat.keep.CORE) for sc in node.scope) for node in products)
+    assert any(node.op == "matmul" and any(sc.startswith(remat.graphs.keep.CORE) for sc in node.scope) for node in products)
 
 
 def test_selective_reruns_the_whole_attention_core_and_drops_the_softmax_it_recomputes(layer):
     _, _, graph, selective, _ = layer
-    core = [node.index for node in graph.nodes if any(sc.startswith(remat.keep.CORE) for sc in node.scope)]
+    core = [node.index for node in graph.nodes if any(sc.startswith(remat.graphs.keep.CORE) for sc in node.scope)]
     ops = [graph.nodes[i].op for i in core]
     assert ops == ["transpose", "matmul", "scaled_masked_softmax", "dropout", "matmul"]  # Kᵀ, QKᵀ, P, drop(P), P·V
     assert selective.recomputed() == core
@@ -593,7 +593,7 @@ def test_dropped_is_empty_when_every_value_is_kept_and_lists_everything_backward
 
 def replay(schedule):
     """The schedule's events under the memory model: (stage, memory) after each one."""
-    from ag.remat.model import Memory, events
+    from ag.remat.graphs.model import Memory, events
     memory, stage = Memory(schedule.graph), -1
     for kind, t, x in events(schedule.graph, schedule.R, schedule.S):
         if t != stage:
@@ -605,7 +605,7 @@ def replay(schedule):
 
 def peak_step(schedule) -> int:
     """The backward step during which the schedule's predicted peak is reached."""
-    from ag.remat.model import stage_step
+    from ag.remat.graphs.model import stage_step
     peak, at = 0, None
     for t, memory in replay(schedule):
         if memory.peak > peak:

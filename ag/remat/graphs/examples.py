@@ -7,8 +7,8 @@ from typing import Callable
 
 import numpy as np
 
-from .. import nn, ops
-from ..tensor import Tensor
+from ... import nn, ops
+from ...tensor import Tensor
 
 
 def residual_mlp(blocks: int = 4, batch: int = 256, width: int = 128, seed: int = 0) -> tuple[Callable, tuple]:

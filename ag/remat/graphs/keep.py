@@ -15,10 +15,10 @@ import copy
 
 import numpy as np
 
-from .cost import ChainProfile
+from ..chains.cost import ChainProfile
 from .graph import Graph
 from .model import prune
-from .plans import plan
+from ..chains.plans import plan
 from .schedule import Schedule, cheapest_within
 
 

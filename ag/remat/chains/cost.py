@@ -8,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..modes import no_grad
-from ..tensor import Tensor
-from ..trace import count_ops
-from .model import Prediction
+from ...modes import no_grad
+from ...tensor import Tensor
+from ...trace import count_ops
+from ..graphs.model import Prediction
 from .runner import Layer, check_checkpoints
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..tensor import Tensor
+from ...tensor import Tensor
 
 
 class CaptureError(ValueError):

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import hooks
-from ..modes import config
-from ..tensor import Tensor, topological_sort
-from ..trace import count_ops
+from ... import hooks
+from ...modes import config
+from ...tensor import Tensor, topological_sort
+from ...trace import count_ops
 from .execute import measure
 from .graph import BackwardStep, Call, CaptureError, Graph, Node
 

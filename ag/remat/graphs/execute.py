@@ -16,10 +16,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import trace
-from ..modes import no_grad, phase
-from ..errors import GraphError
-from ..tensor import Tensor, backward_step
+from ... import trace
+from ...modes import no_grad, phase
+from ...errors import GraphError
+from ...tensor import Tensor, backward_step
 from .graph import Graph
 from .model import Memory, events
 
