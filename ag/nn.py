@@ -37,6 +37,9 @@ from .hooks import scope
 from .ops.fused import keep_mask
 from .tensor import Tensor
 
+ATTENTION_CORE = "attention core"  # the scopes (hooks.scope) NeMo's modes read in remat.nemo
+TRANSFORMER_LAYER = "transformer layer"
+
 
 class Module:
     """Something with parameters: ``parameters()`` yields them, children's included."""
@@ -190,7 +193,7 @@ class MultiHeadAttention(Module):
         scale = 1 / math.sqrt(self.d)
 
         def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            with scope("attention core"):  # what NeMo's selective recomputation reruns (remat.nemo)
+            with scope(ATTENTION_CORE):  # what NeMo's selective recomputation reruns
                 if self.attention == "flash":
                     return flash_attention(q, k, v, causal=self.causal, scale=scale)
                 p = ops.scaled_masked_softmax(ops.matmul(q, ops.transpose(k, (0, 1, 2, 4, 3))), scale, self.causal)
@@ -268,7 +271,7 @@ class TransformerLayer(LayerRun):
     def forward_with(self, key: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
         """The layer's forward with its dropout masks fixed by ``key``: the same masks every run."""
         def forward(x: Tensor) -> Tensor:
-            with scope("transformer layer"):  # what NeMo's full recomputation reruns (remat.nemo)
+            with scope(TRANSFORMER_LAYER):  # what NeMo's full recomputation reruns
                 y = x + self.attention_dropout(self.attention(self.ln1(x), key), key)
                 return y + self.mlp_dropout(self.mlp(self.ln2(y)), key)
         return forward

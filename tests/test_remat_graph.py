@@ -436,7 +436,7 @@ def test_checkmate_beats_revolve_and_the_one_level_optimum_on_a_chain():
 
 
 def test_a_sweep_plans_the_chain_once_and_picks_what_chain_schedule_picks(graphs):
-    from ag.remat.graphs.keep import chain_plans, fitting
+    from ag.remat.graphs.chain_plans import chain_plans, fitting
     from ag.remat.graphs.sweep import budgets_between, sweep
     graph = graphs["U-Net"][0]
     budgets = budgets_between(graph, 4)
@@ -570,12 +570,12 @@ def test_both_schedules_peak_in_the_backward_of_p_times_v_and_a_tighter_budget_b
     tight = remat.checkmate(graph, selective.predicted_peak_bytes * 96 // 100, time_limit=120)  # the proof is the claim
     assert tight.status == "optimal" and tight.recompute_flops > selective.recompute_flops
     products = [graph.nodes[i] for i in tight.recomputed() if graph.nodes[i].flops]
-    assert any(node.op == "matmul" and any(sc.startswith(remat.graphs.keep.CORE) for sc in node.scope) for node in products)
+    assert any(node.op == "matmul" and any(sc.startswith(remat.graphs.nemo.CORE) for sc in node.scope) for node in products)
 
 
 def test_selective_reruns_the_whole_attention_core_and_drops_the_softmax_it_recomputes(layer):
     _, _, graph, selective, _ = layer
-    core = [node.index for node in graph.nodes if any(sc.startswith(remat.graphs.keep.CORE) for sc in node.scope)]
+    core = [node.index for node in graph.nodes if any(sc.startswith(remat.graphs.nemo.CORE) for sc in node.scope)]
     ops = [graph.nodes[i].op for i in core]
     assert ops == ["transpose", "matmul", "scaled_masked_softmax", "dropout", "matmul"]  # Kᵀ, QKᵀ, P, drop(P), P·V
     assert selective.recomputed() == core

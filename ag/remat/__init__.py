@@ -26,7 +26,8 @@ On any graph (Checkmate's view, Jain et al. 2020):
 Chains (lecture 3) live in ``chains/``: ``runner`` (sequential and its replay), ``cost`` (profile,
 predict), ``plans`` (the chain strategies), ``dtr`` (dynamic on a chain). Graphs (lecture 6) live
 in ``graphs/``: ``graph`` (the data), ``capture``, ``model`` (the one memory model), ``schedule``,
-``execute`` (the one runner), ``keep`` (fixed plans on a graph), ``checkmate``, ``moccasin``,
+``execute`` (the one runner), ``keep`` (a fixed set kept, as a schedule), ``chain_plans`` and
+``nemo`` (the chain planners and NeMo's modes as such schedules), ``checkmate``, ``moccasin``,
 ``revolve``, ``dtr`` (dynamic on a graph), ``sweep`` and ``examples``. ``checkpoint`` sits beside
 the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
 """
@@ -40,7 +41,9 @@ from .graphs.checkmate import checkmate, lower_bound_bytes
 from .graphs.dtr import HEURISTICS, DynamicRun, dynamic
 from .graphs.execute import Execution, execute
 from .graphs.graph import BackwardStep, CaptureError, Graph, Node
-from .graphs.keep import chain_schedule, from_keep, nemo
+from .graphs.chain_plans import chain_schedule
+from .graphs.keep import from_keep
+from .graphs.nemo import nemo
 from .graphs.model import Prediction, ScheduleError, simulate
 from .graphs.moccasin import moccasin
 from .graphs.revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve

@@ -1,6 +1,6 @@
-"""Schedules that keep a fixed set of nodes: the chain planners of ``plans`` and NeMo's
-recomputation modes, written as Checkmate schedules on a captured graph so that every strategy
-is priced by one memory model and run by one ``execute``.
+"""Schedules that keep a fixed set of nodes, written as Checkmate schedules on a captured graph
+so that every strategy is priced by one memory model and run by one ``execute`` (the chain
+planners in ``chain_plans``, NeMo's modes in ``nemo``).
 
 ``from_keep(graph, keep)``: forward computes every node once and keeps, past its last forward
 use, only the nodes in ``keep`` that backward reads. The nodes between two kept ones form a
@@ -11,15 +11,11 @@ replay per segment, as ``sequential``'s segment mode and NeMo's recomputation do
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
-from ..chains.cost import ChainProfile
 from .graph import Graph
 from .model import prune
-from ..chains.plans import plan
-from .schedule import Schedule, cheapest_within
+from .schedule import Schedule
 
 
 def from_keep(graph: Graph, keep, planner: str = "keep", *, blocks=()) -> Schedule:
@@ -108,92 +104,3 @@ def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
             keep_next |= {i for i in resident if max(graph.users[i], default=-1) > t}
         resident = graph.with_bases(i for i in resident if i in keep_next)
     return Schedule(graph, *prune(graph, R, S), planner)
-
-
-# ---- the chain planners, on a graph taken as a chain of its nodes ----
-
-def chain_schedule(graph: Graph, strategy: str, *, num_layers: int | None = None,
-                   budget_bytes: int | None = None) -> Schedule:
-    """``plans.plan``'s strategies on the graph's nodes in forward order, as one chain.
-
-    ``greedy`` and ``optimal`` plan in ``predict``'s chain model, whose bytes differ from the
-    graph's: they are tried at a range of chain budgets (``chain_plans``), and the plan that
-    recomputes least while its graph prediction fits ``budget_bytes`` is returned.
-    """
-    if strategy in ("greedy", "optimal"):
-        if budget_bytes is None:
-            raise ValueError(f"chain_schedule: strategy {strategy!r} needs budget_bytes=")
-        return fitting(chain_plans(graph, strategy), budget_bytes)
-    kept = plan(graph.n, strategy, num_layers=num_layers)
-    return from_keep(graph, kept, strategy if num_layers is None else f"{strategy} ({num_layers})")
-
-
-def chain_plans(graph: Graph, strategy: str) -> list[Schedule]:
-    """``greedy`` or ``optimal`` planned at 40 chain budgets, from the largest node to three
-    times the sum of the nodes, as schedules on the graph: what ``chain_schedule`` picks from.
-    A sweep over graph budgets plans them once (``fitting`` picks each budget's)."""
-    if strategy not in ("greedy", "optimal"):
-        raise ValueError(f"chain_plans: strategy must be 'greedy' or 'optimal', got {strategy!r}")
-    sizes = [max(1, node.size) for node in graph.nodes]
-    chain = ChainProfile(tuple(sizes), tuple(max(1, node.flops) for node in graph.nodes))
-    tried = []
-    for chain_budget in np.unique(np.geomspace(max(sizes), 3 * sum(sizes), 40).astype(np.int64)):
-        try:
-            tried.append(from_keep(graph, plan(graph.n, strategy, chain=chain, budget_bytes=int(chain_budget)), strategy))
-        except ValueError:
-            continue  # nothing fits this chain budget
-    return tried
-
-
-def fitting(plans: list[Schedule], budget_bytes: int) -> Schedule:
-    """A copy of the plan among ``plans`` that recomputes least while its graph prediction fits
-    ``budget_bytes``, with that budget on it."""
-    best = cheapest_within(plans, budget_bytes)
-    if best is None:
-        strategy = plans[0].planner if plans else "chain"
-        raise ValueError(f"chain_schedule: no {strategy} plan fits {budget_bytes:,} bytes on this graph")
-    best = copy.copy(best)
-    best.budget_bytes = budget_bytes
-    return best
-
-
-# ---- NeMo's recomputation modes, found by the scopes nn names ----
-
-CORE = "attention core"  # the scopes nn names (hooks.scope)
-LAYER = "transformer layer"
-
-
-def nemo(graph: Graph, granularity: str) -> Schedule:
-    """NeMo's ``activations_checkpoint_granularity`` on a graph captured from ``nn`` layers
-    with none: "selective" keeps each attention core's inputs Q, K, V and reruns the whole core
-    (QKᵀ, softmax, dropout, P·V) in backward, as Korthikanti et al.'s selective recomputation
-    does; "full" keeps only each layer's output (the next layer's input)."""
-    if granularity == "selective":
-        cores = _each(graph, CORE)
-        if not cores:
-            raise ValueError("nemo: no node of this graph was made in an attention core; "
-                             "capture an nn.TransformerLayer or Transformer")
-        inside = set().union(*cores)
-        return from_keep(graph, [i for i in range(graph.n) if i not in inside], "selective", blocks=cores)
-    if granularity == "full":
-        outputs = _last_of_each(graph, LAYER)
-        if not outputs:
-            raise ValueError("nemo: no node of this graph was made in a transformer layer; "
-                             "capture an nn.TransformerLayer or Transformer")
-        return from_keep(graph, sorted(outputs), "full")
-    raise ValueError(f"nemo: granularity must be 'selective' or 'full', got {granularity!r}")
-
-
-def _each(graph: Graph, name: str) -> list[set[int]]:
-    """The nodes made in each entry of the scope ``name`` ("attention core#0", "#1", ...)."""
-    made: dict[str, set[int]] = {}
-    for node in graph.nodes:
-        for s in node.scope:
-            if s.rpartition("#")[0] == name:
-                made.setdefault(s, set()).add(node.index)
-    return list(made.values())
-
-
-def _last_of_each(graph: Graph, name: str) -> set[int]:
-    """The last node made in each entry of the scope ``name``."""
-    return {max(block) for block in _each(graph, name)}
