@@ -1,7 +1,6 @@
 """ag: a from-scratch NumPy autograd engine that teaches memory and IO in deep learning.
 
-The module map: each module uses only those listed beside it, and each of those sits above it
-(one exception: `remat`'s example graphs build `nn` layers, while `nn` uses `remat.checkpoint`).
+The module map: each module uses only those listed beside it, and each of those sits above it.
 Data flows one way, from ops through the engine to tracing and what draws it. `tests/test_layering.py` checks the
 map against the imports, and that no library module imports `demo` or `cli`, uses another
 module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` live in `ops` only).
@@ -24,8 +23,9 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `ops/` | arrays, device_matmul, errors, hooks, modes, tensor | every op, forward then backward, a file for each kind: elementwise, matmul, reductions, unary, fused, shape (and `operands`, the helpers they share; `kernels`, the named seams where the lab plugs in) |
 | `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), Philox `dropout`, FlashAttention's `variants`, `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, `flash_attention` (`flash`, the seam `flash_passes`), FlashDecoding (`decode`), packed batches (`varlen`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
 | `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`; `seams`), exp with subnormal results flushed (`subnormals`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
-| `remat/` | discard, errors, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
-| `nn` | attention, discard, memory_model, ops, remat, tensor | transformer layers with NeMo's recomputation settings (they use `remat.checkpoint`) |
+| `checkpoint` | discard, errors, modes, tensor | `checkpoint(fn, *inputs)`: keep a block's inputs, rerun it in backward (`torch.utils.checkpoint`) |
+| `nn` | attention, checkpoint, discard, hooks, memory_model, ops, tensor | transformer layers with NeMo's recomputation settings (they use `checkpoint`, and name the scopes `remat.nemo` reads) |
+| `remat/` | checkpoint, discard, errors, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |
 | `train` | modes, nn, ops, optim, tensor | training on real data: digits (`DigitsMLP`), a character-level transformer on the Zen of Python, `cross_entropy`, `fit` with a progress bar, checkpoints that resume exactly |

@@ -13,7 +13,7 @@ from . import memory_model, nn, ops, optim, plot, remat, trace, train, wall
 from .attention import flash_attention, naive_attention
 from .plot.html import memory_html
 from .remat import capture, examples
-from .remat.sweep import budgets_between, sweep
+from .remat.graphs.sweep import budgets_between, sweep
 from .trace import count_ops
 from .modes import eager_grads
 from .tables import table

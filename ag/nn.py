@@ -13,7 +13,7 @@ after a ``TransformerLayer``'s forward the engine holds the tensors of Korthikan
     mlp.dropout_mask
 
 Recomputation, NeMo's options: ``activations_checkpoint_granularity="selective"`` wraps the
-attention core (QKᵀ, softmax, dropout, ·V) in ``ag.remat.checkpoint``: its inputs Q, K, V
+attention core (QKᵀ, softmax, dropout, ·V) in ``ag.checkpoint``: its inputs Q, K, V
 are kept anyway, and the three as²b tensors are recomputed in backward. ``"full"`` wraps
 the whole layer: it keeps only its input. ``attention="flash"`` uses
 ``ag.attention.flash_attention``, which never stores the scores (selective recomputation
@@ -29,11 +29,16 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import memory_model, ops, remat
+from . import memory_model, ops
 from .attention import flash_attention
+from .checkpoint import checkpoint
 from .discard import release_unneeded
+from .hooks import scope
 from .ops.fused import keep_mask
 from .tensor import Tensor
+
+ATTENTION_CORE = "attention core"  # the scopes (hooks.scope) NeMo's modes read in remat.nemo
+TRANSFORMER_LAYER = "transformer layer"
 
 
 class Module:
@@ -171,7 +176,7 @@ class MultiHeadAttention(Module):
         k = self._split_heads(qkv, slice(self.h, self.h + kv), 1)
         v = self._split_heads(qkv, slice(self.h + kv, None), 1)
         core = self._core(key)
-        o = remat.checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
+        o = checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
         # (b, g, G, s, d) → (s, b, h)
         out = self.proj(ops.reshape(ops.transpose(o, (3, 0, 1, 2, 4)), (s, b, self.h)))
         release_unneeded([out], [x])  # the scores QKᵀ go now, before the MLP runs beside them
@@ -188,10 +193,11 @@ class MultiHeadAttention(Module):
         scale = 1 / math.sqrt(self.d)
 
         def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            if self.attention == "flash":
-                return flash_attention(q, k, v, causal=self.causal, scale=scale)
-            p = ops.scaled_masked_softmax(ops.matmul(q, ops.transpose(k, (0, 1, 2, 4, 3))), scale, self.causal)
-            return ops.matmul(self.attention_dropout(p, key), v)
+            with scope(ATTENTION_CORE):  # what NeMo's selective recomputation reruns
+                if self.attention == "flash":
+                    return flash_attention(q, k, v, causal=self.causal, scale=scale)
+                p = ops.scaled_masked_softmax(ops.matmul(q, ops.transpose(k, (0, 1, 2, 4, 3))), scale, self.causal)
+                return ops.matmul(self.attention_dropout(p, key), v)
         return core
 
 
@@ -229,7 +235,7 @@ class LayerRun(Module):
                              f"got {x.shape}")
         forward = self.forward_with(self.next_key())
         if self.granularity == "full":
-            return remat.checkpoint(forward, x)
+            return checkpoint(forward, x)
         out = forward(x)
         release_unneeded([out], [x])  # scores, projection outputs, the final residual sum
         return out
@@ -265,8 +271,9 @@ class TransformerLayer(LayerRun):
     def forward_with(self, key: tuple[int, ...]) -> Callable[[Tensor], Tensor]:
         """The layer's forward with its dropout masks fixed by ``key``: the same masks every run."""
         def forward(x: Tensor) -> Tensor:
-            y = x + self.attention_dropout(self.attention(self.ln1(x), key), key)
-            return y + self.mlp_dropout(self.mlp(self.ln2(y)), key)
+            with scope(TRANSFORMER_LAYER):  # what NeMo's full recomputation reruns
+                y = x + self.attention_dropout(self.attention(self.ln1(x), key), key)
+                return y + self.mlp_dropout(self.mlp(self.ln2(y)), key)
         return forward
 
 
@@ -310,7 +317,7 @@ class Transformer(Module):
         for layers, rerun in self.chunks():
             if rerun:
                 forwards = [layer.forward_with(layer.next_key()) for layer in layers]
-                x = remat.checkpoint(lambda h, fs=forwards: _run(fs, h), x)
+                x = checkpoint(lambda h, fs=forwards: _run(fs, h), x)
             else:
                 for layer in layers:
                     x = layer(x)

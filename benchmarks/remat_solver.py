@@ -57,7 +57,7 @@ from transformer import torch_model  # noqa: E402
 
 from ag import remat  # noqa: E402
 from ag.remat import examples  # noqa: E402
-from ag.remat.checkmate import _Program  # noqa: E402
+from ag.remat.graphs.checkmate import _Program  # noqa: E402
 
 MB = 10**6
 

@@ -152,7 +152,7 @@ print(f"{plan.forwards} layer forwards; recomputed FLOPs {run.recompute_flops:,}
 # budgets, short time limits.
 
 # %%
-from ag.remat.sweep import budgets_between, sweep  # noqa: E402
+from ag.remat.graphs.sweep import budgets_between, sweep  # noqa: E402
 
 points = sweep(unet, budgets_between(unet, 3), time_limit=5)
 show(ag.plot.remat_frontier({"U-Net": points}, {"U-Net": unet.forward_flops}))

@@ -12,8 +12,8 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.checkmate import dtr_schedule, warm_starts
-from ag.remat.moccasin import _cp_model, _Program, intervals_that_suffice
+from ag.remat.graphs.checkmate import dtr_schedule, warm_starts
+from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
     import ortools  # noqa: F401  (CI installs the solver extra: nothing here may skip)

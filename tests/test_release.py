@@ -173,7 +173,7 @@ def test_package_files_stubs_only_the_exercises_asked_for():
     files = assign.package_files({4})
     for exercise in course.EXERCISES:
         for module, name in exercise.functions:
-            path = f"{module.replace('.', '/')}.py"  # remat.plans is ag/remat/plans.py
+            path = f"{module.replace('.', '/')}.py"  # remat.chains.plans is ag/remat/chains/plans.py
             source = function_source((PACKAGE / path).read_text(), name)
             built = function_source(files[f"ag/{path}"].decode(), name)
             assert built == course.cut_solutions(source, keep=exercise.number != 4), (exercise.number, name)
@@ -189,7 +189,7 @@ def test_package_files_copies_every_other_file_as_it_is():
     on_disk = {p.relative_to(REPO).as_posix() for p in PACKAGE.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     marked = {name for name in on_disk if name.endswith(".py") and course.BEGIN in (REPO / name).read_text()}
-    assert {"ag/tensor.py", "ag/discard.py", "ag/attention/forward.py", "ag/remat/plans.py", "ag/remat/dtr.py"} <= marked
+    assert {"ag/tensor.py", "ag/discard.py", "ag/attention/forward.py", "ag/remat/chains/plans.py", "ag/remat/graphs/dtr.py"} <= marked
     marked.add("ag/_stubbed.py")
     marked |= set(course.exercises.LAB_SOLUTIONS)  # the lab's modules that solve a stubbed exercise refuse instead
     assert set(files) == on_disk | {"ag/_stubbed.py"}

@@ -220,7 +220,7 @@ def _local_peak_step_by_step(s, c, j):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_local_peaks_worked_out_together_equal_each_one_step_by_step(seed):
-    from ag.remat.plans import _local_peak
+    from ag.remat.chains.plans import _local_peak
     rng = np.random.default_rng(seed)
     for n in (1, 2, 5, 13):
         sizes = tuple(int(x) for x in rng.integers(1, 1000, n))

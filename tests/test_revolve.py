@@ -4,8 +4,8 @@ from collections import deque
 
 import pytest
 
-from ag.remat.revolve import (Revolve, binomial_forwards, check_actions, dp_forwards, one_level_forwards,
-                              revolve)
+from ag.remat.graphs.revolve import (Revolve, binomial_forwards, check_actions, dp_forwards, one_level_forwards,
+                                     revolve)
 
 MAX_LAYERS, MAX_SLOTS = 100, 8
 GRID = [(n, s) for n in range(1, MAX_LAYERS + 1) for s in range(MAX_SLOTS + 1)]

@@ -139,9 +139,9 @@ EXERCISES = (
         "Write the sqrt strategy of plan (keep every floor(sqrt(n))-th output, through _every) and the "
         "dynamic program of _optimal: for each last kept output c and each Pareto-optimal (bytes kept, "
         "FLOPs) prefix, try every next kept output j (or none, j = n) whose local peak fits the budget.",
-        (("remat.plans", "plan"), ("remat.plans", "_optimal")),
-        "import math\n\nimport numpy as np\n\nfrom ag.remat.plans import (STRATEGIES, _every, _greedy, "
-        "_local_peak,\n                            _num_layers, _pareto, as_profile)",
+        (("remat.chains.plans", "plan"), ("remat.chains.plans", "_optimal")),
+        "import math\n\nimport numpy as np\n\nfrom ag.remat.chains.plans import (STRATEGIES, _every, _greedy, "
+        "_local_peak,\n                                   _num_layers, _pareto, as_profile)",
         "from ag import course, remat\ncourse.install(__name__)\nprint('sqrt of 64:', remat.plan(64, 'sqrt'))\n"
         "chain = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1])\n"
         "print('optimal at 12:', remat.plan(8, 'optimal', chain=chain, budget_bytes=12))",
@@ -153,8 +153,8 @@ EXERCISES = (
         "values reachable from t through evicted values alone, along inputs (graph.nodes[k].deps) and "
         "users (graph.users[k]), t excluded; recomputing t needs its evicted inputs, recomputing an "
         "evicted user needs t, and a resident value ends the search (evicted_neighbourhood).",
-        (("remat.dtr", "evicted_neighbourhood"), ("remat.dtr", "h_dtr")),
-        "from ag.remat.graph import Graph",
+        (("remat.graphs.dtr", "evicted_neighbourhood"), ("remat.graphs.dtr", "h_dtr")),
+        "from ag.remat.graphs.graph import Graph",
         "import numpy as np\nimport ag\nfrom ag import course, remat\ncourse.install(__name__)\n"
         "w = ag.Tensor(np.full((4, 4), 0.1), requires_grad=True)\n"
         "def step(x):  # a chain of six ops, h1 skipping to the add\n    h1 = ag.tanh(x @ w)\n"

@@ -18,7 +18,7 @@ STUBBED_MODULE = "_stubbed"  # ag/_stubbed.py, written only into generated copie
 
 def function_source(module: str, name: str) -> str:
     """The source of ``ag.<module>.<name>``, read from the file (decorators included)."""
-    text = (PACKAGE / f"{module.replace('.', '/')}.py").read_text()  # "remat.plans" is ag/remat/plans.py
+    text = (PACKAGE / f"{module.replace('.', '/')}.py").read_text()  # "remat.chains.plans" is ag/remat/chains/plans.py
     lines = text.splitlines()
     for found, start, last in top_level_spans(text):
         if found == name:

@@ -383,7 +383,7 @@ def _budgets(points: Sequence) -> list[float]:
 def remat_frontier(sweeps: Mapping[str, Sequence], forward_flops: Mapping[str, int], *,
                    title: str = "Recompute against memory, every planner", path: str | None = None):
     """Checkmate's Figure 4: one panel per graph, measured peak (MB) against recomputed FLOPs as a
-    share of one forward. ``sweeps`` maps a graph's name to ``ag.remat.sweep`` points; planners
+    share of one forward. ``sweeps`` maps a graph's name to ``ag.remat.graphs.sweep`` points; planners
     with a budget are lines (each point one budget, the budgets grey ticks along the top), fixed
     plans single markers (named in the legend, never on the plot). Each planner keeps its style
     in every panel; a planner whose points equal another's is named "same as" it in the legend."""

@@ -23,24 +23,31 @@ On any graph (Checkmate's view, Jain et al. 2020):
 - ``dynamic(graph, budget_bytes)`` is DTR on any graph, at run time;
 - ``from_keep``, ``chain_schedule`` and ``nemo`` write the fixed plans as schedules on a graph.
 
-One concept per file: ``runner`` (sequential and its replay), ``cost`` (profile, predict),
-``plans`` (the chain strategies), ``dtr`` (dynamic), ``function`` (checkpoint), ``graph``
-(capture), ``model`` (the memory model), ``schedule``, ``execute``, ``checkmate``,
-``moccasin``, ``revolve``, ``keep`` (fixed plans on a graph).
+Chains (lecture 3) live in ``chains/``: ``runner`` (sequential and its replay), ``cost`` (profile,
+predict), ``plans`` (the chain strategies), ``dtr`` (dynamic on a chain). Graphs (lecture 6) live
+in ``graphs/``: ``graph`` (the data), ``capture``, ``model`` (the one memory model), ``schedule``,
+``execute`` (the one runner), ``keep`` (a fixed set kept, as a schedule), ``chain_plans`` and
+``nemo`` (the chain planners and NeMo's modes as such schedules), ``checkmate``, ``moccasin``,
+``revolve``, ``dtr`` (dynamic on a graph), ``sweep`` and ``examples``. ``checkpoint`` sits beside
+the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
 """
-from .cost import ChainProfile, Prediction, as_profile, predict, profile
-from .checkmate import checkmate, lower_bound_bytes
-from .dtr import HEURISTICS, DynamicRun, dynamic
-from .execute import Execution, execute
-from .function import checkpoint
-from .plans import STRATEGIES, mode_for, plan
-from .graph import BackwardStep, CaptureError, Graph, Node, capture
-from .keep import chain_schedule, from_keep, nemo
-from .model import ScheduleError, simulate
-from .moccasin import moccasin
-from .revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
-from .runner import Layer, sequential
-from .schedule import Schedule
+from ..checkpoint import checkpoint
+from .chains.cost import ChainProfile, as_profile, predict, profile
+from .chains.plans import STRATEGIES, mode_for, plan
+from .chains.runner import Layer, sequential
+from .graphs import examples
+from .graphs.capture import capture
+from .graphs.checkmate import checkmate, lower_bound_bytes
+from .graphs.dtr import HEURISTICS, DynamicRun, dynamic
+from .graphs.execute import Execution, execute
+from .graphs.graph import BackwardStep, CaptureError, Graph, Node
+from .graphs.chain_plans import chain_schedule
+from .graphs.keep import from_keep
+from .graphs.nemo import nemo
+from .graphs.model import Prediction, ScheduleError, simulate
+from .graphs.moccasin import moccasin
+from .graphs.revolve import Revolve, binomial_forwards, dp_forwards, one_level_forwards, revolve
+from .graphs.schedule import Schedule
 
 __all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainProfile", "DynamicRun", "Execution",
            "Graph", "Layer", "Node", "Prediction", "Revolve", "Schedule", "ScheduleError", "as_profile",

@@ -7,12 +7,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..tensor import Tensor
+from ... import nn, ops
+from ...tensor import Tensor
 
 
 def residual_mlp(blocks: int = 4, batch: int = 256, width: int = 128, seed: int = 0) -> tuple[Callable, tuple]:
     """h ← h + relu(h W) for each block; loss Σ h²."""
-    from .. import ops
     rng = np.random.default_rng(seed)
     x = Tensor(rng.standard_normal((batch, width)).astype(np.float32), name="x")
     ws = [Tensor((rng.standard_normal((width, width)) * 0.1).astype(np.float32), requires_grad=True, name=f"w{k}")
@@ -30,7 +30,6 @@ def residual_mlp(blocks: int = 4, batch: int = 256, width: int = 128, seed: int 
 def unet(batch: int = 256, width: int = 128, seed: int = 0) -> tuple[Callable, tuple]:
     """Down width → width/2 → width/4, up again, each up level adding the down level of its size:
     two long skip connections across the bottleneck, as in a U-Net."""
-    from .. import ops
     rng = np.random.default_rng(seed)
     x = Tensor(rng.standard_normal((batch, width)).astype(np.float32), name="x")
     w, half, quarter = width, width // 2, width // 4
@@ -52,7 +51,6 @@ def unet(batch: int = 256, width: int = 128, seed: int = 0) -> tuple[Callable, t
 def transformer(layers: int = 2, s: int = 128, b: int = 2, h: int = 64, a: int = 4, *, attention: str = "naive",
                 dtype=np.float32, dropout: float = 0.1, seed: int = 3) -> tuple[Callable, tuple]:
     """``layers`` GPT layers (nn.TransformerLayer for one, nn.Transformer for more) on (s, b, h); loss Σ out."""
-    from .. import nn, ops
     options = dict(attention=attention, dtype=dtype, dropout=dropout, seed=seed)
     model = nn.TransformerLayer(h, a, **options) if layers == 1 else nn.Transformer(layers, h, a, **options)
     x = Tensor(np.random.default_rng(1).standard_normal((s, b, h)).astype(dtype), requires_grad=True, name="x")

@@ -43,17 +43,24 @@ class Schedule:
     def recompute_flops(self) -> int:
         return self.prediction.recompute_flops
 
+    def peak_step(self) -> int | None:
+        """The backward step in whose stage the predicted peak is reached (None: in forward)."""
+        t = self.prediction.peak_stage
+        return t - self.graph.n if t >= self.graph.n else None
+
     def recomputed(self) -> list[int]:
         """The nodes computed more than once."""
         return [int(i) for i in np.flatnonzero(self.R.sum(axis=0) > 1)]
 
     def dropped(self) -> list[int]:
-        """The nodes some backward step reads that are not kept from forward to that step."""
-        n, out = self.graph.n, []
+        """The nodes some backward step reads that are not kept from forward to that step: not
+        resident at the start of some stage between their first computation and the step's
+        (so recomputed on the way, in that step or an earlier one)."""
+        n, out = self.graph.n, set()
         for j, step in enumerate(self.graph.steps):
             for i in step.reads:
-                if not self.S[n + j, i] and i not in out:
-                    out.append(i)
+                if not self.S[i + 1:n + j + 1, i].all():
+                    out.add(i)
         return sorted(out)
 
     def __repr__(self) -> str:

@@ -1,13 +1,14 @@
 """The function form of recomputation (``torch.utils.checkpoint``, Megatron's and NeMo's):
-keep a block's inputs only, and rerun the block in backward."""
+keep a block's inputs only, and rerun the block in backward. It sits beside the engine, so that
+``nn`` can use it without ``remat``, the planners built on top."""
 from __future__ import annotations
 
 from typing import Callable
 
-from ..modes import no_grad, phase
-from ..discard import release_unneeded
-from ..errors import GraphError
-from ..tensor import Grads, Saved, Tensor, backward, backward_from_grad, make_output
+from .modes import no_grad, phase
+from .discard import release_unneeded
+from .errors import GraphError
+from .tensor import Grads, Saved, Tensor, backward, backward_from_grad, make_output
 
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .schedule import Schedule
+
 ACTIONS = ("forward", "store", "free", "backward")
 
 
@@ -161,7 +163,6 @@ class Revolve:
         the loss. A first-sweep forward is its node's frontier stage; a later one is a
         recomputation in the stage of the backward that comes next. A stage keeps the stored
         states and the working state."""
-        from .schedule import Schedule
         n = self.n_layers
         _check_chain(graph, n)
         T = graph.stages

@@ -1,5 +1,6 @@
 """What a chain plan costs: a chain's per-layer bytes and FLOPs (``profile``) and the peak bytes
-and recomputed FLOPs that keeping some outputs predicts (``predict``)."""
+and recomputed FLOPs that keeping some outputs predicts (``predict``), as the ``Prediction`` that
+``model.simulate`` gives a schedule on a captured graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..modes import no_grad
-from ..tensor import Tensor
+from ...modes import no_grad
+from ...tensor import Tensor
+from ...trace import count_ops
+from ..graphs.model import Prediction
 from .runner import Layer, check_checkpoints
 
 
@@ -33,18 +36,8 @@ class ChainProfile:
         return len(self.sizes)
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """Peak bytes of activations and their grads over forward + backward, and the recompute bill."""
-
-    peak_bytes: int
-    recompute_flops: int
-    recompute_layers: int
-
-
 def profile(layers: Sequence[Layer], x) -> ChainProfile:
     """Run the chain once without a graph and record each layer's output bytes and FLOPs."""
-    from ..trace import count_ops
     sizes, costs = [], []
     h = x.value if isinstance(x, Tensor) else x
     with no_grad():

@@ -42,7 +42,9 @@ import numpy as np
 
 from .dtr import GraphDTR
 from .graph import Graph
-from .keep import chain_schedule, complete, nemo
+from .chain_plans import chain_schedule
+from .keep import complete
+from .nemo import nemo
 from .model import Memory, ScheduleError, prune
 from .schedule import Schedule, cheapest_within
 

@@ -21,7 +21,7 @@ transient bytes. A view costs nothing itself but keeps its base: it is resident 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -35,9 +35,14 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Prediction:
+    """What a plan costs: its peak bytes and its recomputation, in FLOPs and in op outputs (a
+    chain's: layers) computed again; for a schedule, also the curve and the stage of the peak."""
+
     peak_bytes: int
     recompute_flops: int
-    curve: tuple[tuple[str, int], ...]  # (event, bytes alive after it), for plots
+    recompute_layers: int
+    curve: tuple[tuple[str, int], ...] = field(default=(), repr=False)  # (event, bytes alive after it), for plots
+    peak_stage: int = field(default=0, repr=False)  # the first stage that reaches the peak
 
 
 def stage_step(graph: Graph, t: int) -> int | None:
@@ -129,12 +134,14 @@ class Memory:
         self.grads = 0
         self.made: set[int] = set()
         self.peak = graph.leaf_bytes
+        self.t = -1  # the stage running
 
     @property
     def alive(self) -> int:
         return self.graph.leaf_bytes + self.values + self.hidden + self.grads
 
     def stage(self, t: int) -> None:
+        self.t = t
         step = stage_step(self.graph, t)
         self.grads = 0 if step is None else self.graph.steps[step].grad_bytes
 
@@ -159,16 +166,18 @@ def simulate(graph: Graph, R: np.ndarray, S: np.ndarray) -> Prediction:
     """The schedule's predicted peak bytes and recomputed FLOPs under the model."""
     memory = Memory(graph)
     curve = []
-    stage = -1
+    stage, peak_stage = -1, 0
     for kind, t, x in events(graph, R, S):
         if t != stage:
             stage = t
             memory.stage(t)
+        before = memory.peak
         getattr(memory, kind)(x)
         curve.append((f"{kind} {x}", memory.alive))
+        peak_stage = t if memory.peak > before else peak_stage
     flops = np.array([node.flops for node in graph.nodes], dtype=np.int64)
-    recompute = int((R.sum(axis=0).astype(np.int64) - 1).clip(min=0) @ flops)
-    return Prediction(int(memory.peak), recompute, tuple(curve))
+    again = (R.sum(axis=0).astype(np.int64) - 1).clip(min=0)
+    return Prediction(int(memory.peak), int(again @ flops), int(again.sum()), tuple(curve), peak_stage)
 
 
 def prune(graph: Graph, R: np.ndarray, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,10 +16,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import trace
-from ..modes import no_grad, phase
-from ..errors import GraphError
-from ..tensor import Tensor, backward_step
+from ... import trace
+from ...modes import no_grad, phase
+from ...errors import GraphError
+from ...tensor import Tensor, backward_step
 from .graph import Graph
 from .model import Memory, events
 
@@ -36,9 +36,12 @@ class Execution:
 
 
 class Run:
-    """One run of the captured step: a fresh Tensor per node, made when the node is first computed."""
+    """One run of the captured step: a fresh Tensor per node, made when the node is first computed.
 
-    def __init__(self, graph: Graph) -> None:
+    ``record=True`` writes down what ran as Checkmate's matrices: ``R[t, i]``, node i computed in
+    stage t; ``S[t, i]``, node i resident when stage t began (what DTR ran, as a schedule)."""
+
+    def __init__(self, graph: Graph, *, record: bool = False) -> None:
         self.graph = graph
         self.tensors: list[Tensor | None] = [None] * graph.n
         self.done: set[int] = set()  # nodes whose backward step has run
@@ -49,6 +52,16 @@ class Run:
         self.grads: dict[int, int] = {}
         self.measuring = False
         self.loss = float("nan")
+        shape = (graph.stages, graph.n) if record else (0, 0)
+        self.R, self.S = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+        self.t = -1
+
+    def note_stage(self) -> None:
+        """On the first event of a stage, record what is resident as it begins."""
+        if self.memory.t != self.t:
+            self.t = self.memory.t
+            if self.S.size:
+                self.S[self.t, sorted(self.resident)] = True
 
     def value_of(self, original: Tensor) -> Tensor:
         k = self.graph.index_of.get(id(original))
@@ -62,6 +75,9 @@ class Run:
     def compute(self, k: int) -> None:
         node = self.graph.nodes[k]
         t = self.tensors[k]
+        self.note_stage()
+        if self.R.size:
+            self.R[self.t, k] = True
         if self.measuring:
             tracemalloc.reset_peak()
         if t is None:  # first time: with a graph, so it gets its backward closure
@@ -79,6 +95,7 @@ class Run:
             self.loss = float(self.tensors[k].value.item())
 
     def free(self, k: int) -> None:
+        self.note_stage()
         self.tensors[k].value = None
         self.resident.discard(k)
         self.memory.free(k)
@@ -86,6 +103,7 @@ class Run:
     def backward(self, j: int) -> None:
         step = self.graph.steps[j]
         t = self.tensors[step.node]
+        self.note_stage()
         if step.node == self.graph.loss:
             t.grad = np.ones(t.shape, t.dtype)
         if self.measuring:
@@ -131,25 +149,44 @@ def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return R, S
 
 
-def measure(graph: Graph) -> None:
+def measure(graph: Graph, times: int = 3) -> None:
     """Run the step, keeping everything, to measure what no plan changes: each node's workspace,
-    the grads alive before each backward step and each step's transient bytes (the second of two
-    runs). The leaves' grads are put back as they were."""
+    the grads alive before each backward step and each step's transient bytes. The leaves'
+    grads are put back as they were.
+
+    A run's transient bytes include the interpreter's small objects, which CPython's free lists
+    serve untraced or not depending on what ran before; the least of ``times`` measurings is the
+    step's own, the same in a fresh process as in a warm one."""
     saved = [leaf.grad for leaf in graph.leaves]
+    workspace = [None] * graph.n
+    extra = [None] * len(graph.steps)
     try:
-        for measuring in (False, True):  # the first run warms up what NumPy caches; the second is measured
-            for leaf in graph.leaves:
-                leaf.grad = None
-            run = Run(graph)
-            run.measuring = measuring
-            run.run(*keep_all(graph))
+        for _ in range(times):
+            run = _measured_run(graph)
+            workspace = [_least(w, run.workspace.get(k, 0)) for k, w in enumerate(workspace)]
+            extra = [_least(e, run.extra.get(j, 0)) for j, e in enumerate(extra)]
     finally:
         for leaf, grad in zip(graph.leaves, saved):
             leaf.grad = grad
-    for k, node in enumerate(graph.nodes):
-        node.workspace_bytes = run.workspace.get(k, 0)
+    for node, bytes_ in zip(graph.nodes, workspace):
+        node.workspace_bytes = bytes_
     for j, step in enumerate(graph.steps):
-        step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), run.extra.get(j, 0)
+        step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), extra[j]
+
+
+def _measured_run(graph: Graph) -> Run:
+    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured."""
+    for measuring in (False, True):
+        for leaf in graph.leaves:
+            leaf.grad = None
+        run = Run(graph)
+        run.measuring = measuring
+        run.run(*keep_all(graph))
+    return run
+
+
+def _least(a: int | None, b: int) -> int:
+    return b if a is None else min(a, b)
 
 
 def execute(schedule, *, trace_memory: bool = True) -> Execution:

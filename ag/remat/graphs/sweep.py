@@ -11,7 +11,8 @@ from .checkmate import checkmate, lower_bound_bytes
 from .dtr import dynamic_graph
 from .execute import execute
 from .graph import Graph
-from .keep import chain_plans, chain_schedule, fitting, nemo
+from .chain_plans import chain_plans, chain_schedule, fitting
+from .nemo import nemo
 
 
 @dataclass(frozen=True)

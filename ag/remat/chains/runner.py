@@ -13,11 +13,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..hooks import record_tensors
-from ..modes import no_grad
-from ..discard import release_unneeded
-from ..errors import GraphError
-from ..tensor import Tensor
+from ...hooks import record_tensors
+from ...modes import no_grad
+from ...discard import release_unneeded
+from ...errors import GraphError
+from ...tensor import Tensor
 
 
 Layer = Callable[[Tensor], Tensor]

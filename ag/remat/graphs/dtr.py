@@ -1,19 +1,19 @@
-"""Dynamic tensor rematerialization (DTR, Kirisame et al.): no plan; evict at run time the output
-with the lowest cost / (bytes × staleness) whenever the chain's resident bytes pass the budget."""
+"""Dynamic tensor rematerialization (DTR, Kirisame et al. 2021) on a captured graph: no plan;
+evict at run time the resident value with the lowest cost / (bytes × staleness) whenever the
+bytes alive would pass the budget. ``dynamic`` also takes a chain (``chains.dtr``) or a function."""
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from ..hooks import record_tensors
-from ..discard import release_unneeded
-from ..tensor import Tensor
+from ..chains.dtr import dynamic_chain
+from .capture import capture
+from .execute import Run, traced
 from .graph import Graph
-from .runner import Chain, Layer
+from .model import ScheduleError, prune
+from .schedule import Schedule
 
 
 def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dtr_eq"):
@@ -29,7 +29,6 @@ def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dt
     if callable(target) and not isinstance(target, (list, tuple)):
         if budget_bytes is None:
             raise ValueError("dynamic(fn, *inputs): give budget_bytes=")
-        from .graph import capture
         return dynamic_graph(capture(target, *args), budget_bytes, heuristic=heuristic)
     if len(args) == 2 and budget_bytes is None:
         x, budget_bytes = args
@@ -39,109 +38,6 @@ def dynamic(target, *args, budget_bytes: int | None = None, heuristic: str = "dt
         raise TypeError("dynamic(layers, x, budget_bytes): expected a chain's input and a budget")
     return dynamic_chain(target, x, budget_bytes)
 
-
-def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tensor:
-    """Run ``layers`` with no plan: keep outputs until the chain's resident bytes pass
-    ``budget_bytes``, then evict the layer with the lowest
-    cost / (bytes × staleness) (Kirisame et al., Dynamic Tensor Rematerialization), where
-    cost is the FLOPs to replay it from the nearest resident output. An evicted value is
-    replayed when something reads it, and the budget is enforced again.
-    """
-    if budget_bytes is None or budget_bytes <= 0:
-        raise ValueError(f"dynamic: budget_bytes must be positive, got {budget_bytes!r}")
-    from ..trace import count_ops
-    chain = _Dynamic(list(layers), x, int(budget_bytes))
-    h = x
-    for k, layer in enumerate(chain.layers):
-        with record_tensors() as made, count_ops() as counts:
-            out = layer(h)
-        release_unneeded([out], [h])
-        chain.add(made, out)
-        chain.costs.append(max(1, sum(counts.flops.values())))
-        chain.touch(k)
-        chain.enforce_budget(protect={k})
-        h = out
-    return h
-
-
-class _Dynamic(Chain):
-    """A chain whose layers are evicted and replayed at run time, under a byte budget."""
-
-    def __init__(self, layers: list[Layer], x: Tensor, budget: int) -> None:
-        super().__init__(layers, x, "segment")
-        self.budget = budget
-        self.costs: list[int] = []
-        self.last_use: list[int] = []
-        self.clock = 0
-        self.evictions = 0
-        self.wanted_layer = -1
-
-    def touch(self, k: int) -> None:
-        self.clock += 1
-        self.last_use.extend([0] * (k + 1 - len(self.last_use)))
-        self.last_use[k] = self.clock
-
-    def _live(self, k: int) -> list[Tensor]:
-        return [t for t in (ref() for ref in self.made[k]) if t is not None and t.value is not None]
-
-    def resident_bytes(self) -> int:
-        return sum(t.nbytes for k in range(len(self.made)) for t in self._live(k))
-
-    def _replay_cost(self, k: int) -> int:
-        cost, j = self.costs[k], k - 1
-        while j >= 0 and not self._resident(j):
-            cost += self.costs[j]
-            j -= 1
-        return cost
-
-    def _resident(self, k: int) -> bool:
-        out = self.outputs[k]()
-        return out is not None and out.value is not None
-
-    def enforce_budget(self, protect: set[int]) -> None:
-        while self.resident_bytes() > self.budget:
-            scores = []
-            for k in range(len(self.made)):
-                live = self._live(k)
-                if k in protect or not live:
-                    continue
-                staleness = self.clock - self.last_use[k] + 1
-                size = sum(t.nbytes for t in live)
-                scores.append((self._replay_cost(k) / (size * staleness), k))
-            if not scores:
-                return  # everything left is in use right now: run over budget rather than fail
-            self.evict(min(scores)[1])
-
-    def evict(self, k: int) -> None:
-        for t in self._live(k):
-            t.rematerializer = _DynamicReplay(self, k, t)
-            t.value = None
-        self.evictions += 1
-
-    def replay_to(self, k: int, wanted: Tensor) -> np.ndarray:
-        start = k - 1
-        while start >= 0 and not self._resident(start):
-            start -= 1
-        self.wanted_layer = k
-        return self.replay(start, k, wanted)
-
-    def restored(self, k: int) -> None:
-        self.touch(k)
-        self.enforce_budget(protect={k, self.wanted_layer, self.wanted_layer + 1})
-
-
-class _DynamicReplay:
-    """An evicted tensor's rematerializer: replay from the nearest resident output."""
-
-    def __init__(self, chain: _Dynamic, k: int, tensor: Tensor) -> None:
-        self.chain, self.k = chain, k
-        self.tensor = weakref.ref(tensor)
-
-    def __call__(self) -> np.ndarray:
-        return self.chain.replay_to(self.k, self.tensor())
-
-
-# ---- DTR on any captured graph ----
 
 HEURISTICS = ("dtr", "dtr_eq", "lru", "size")
 
@@ -157,6 +53,7 @@ class DynamicRun:
     budget_bytes: int
     heuristic: str
     seconds: float
+    schedule: Schedule | None = None  # what it ran, as a schedule (None where it is none, see ``ran``)
 
 
 def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq") -> DynamicRun:
@@ -181,15 +78,24 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
     if not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < graph.leaf_bytes:
         raise ValueError(f"dynamic: budget_bytes must be at least the {graph.leaf_bytes:,} bytes the inputs and "
                          f"parameters hold, got {budget_bytes!r}")
-    from .execute import Run, traced
     start = time.perf_counter()
     with traced(graph) as measured:
-        dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph))
+        dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph, record=True))
         dtr.run()
-        predicted, evictions = dtr.run_.memory.peak, dtr.evictions
+        predicted, evictions, R, S = dtr.run_.memory.peak, dtr.evictions, dtr.run_.R, dtr.run_.S
         del dtr
     return DynamicRun(measured.peak_bytes, int(predicted), measured.recompute_flops, evictions,
-                      int(budget_bytes), heuristic, time.perf_counter() - start)
+                      int(budget_bytes), heuristic, time.perf_counter() - start, ran(graph, R, S, heuristic))
+
+
+def ran(graph: Graph, R: np.ndarray, S: np.ndarray, heuristic: str) -> Schedule | None:
+    """The schedule a DTR run recorded, which ``simulate`` prices and ``execute`` replays. A value
+    evicted and recomputed inside one stage counts as kept through it (a stage computes a node
+    once), so the replay can hold more than DTR did; None if the record breaks the model's rules."""
+    try:
+        return Schedule(graph, *prune(graph, R & ~S, S), f"DTR ({heuristic})")
+    except ScheduleError:
+        return None
 
 
 def evicted_neighbourhood(graph: Graph, i: int, evicted: set[int]) -> set[int]:

@@ -1,0 +1,4 @@
+"""Rematerialization on a chain of layers (lecture 3): ``runner`` runs a chain keeping some outputs
+and replaying the rest (``sequential``), ``cost`` says what a plan costs (``profile``, ``predict``),
+``plans`` chooses the outputs to keep (``plan``), ``dtr`` evicts at run time (``dynamic_chain``).
+The package imports nothing itself: ``ag.remat`` gathers the public names."""
