@@ -13,6 +13,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `errors` | — | `GraphError` and `ShapeError` |
 | `device_matmul` | — | the product of CuPy arrays, choosing the order that copies fewest bytes |
 | `hooks` | modes | the engine's events (a tensor created, an op run, a grad allocated, a step done, a product counted): `publish`, `subscribe`, `subscribed`, `record_tensors` |
+| `scopes` | hooks | named scopes (`scope(name)`): `nn` names its layers and attention core, `remat.capture` records them for NeMo's modes |
 | `export` | — | Perfetto trace JSON and PyTorch memory-snapshot pickles |
 | `tables` | — | printing a table of results |
 | `memory_model` | — | the transformer activation formulas, sbh(34 + 5as/h) term by term; ZeRO's model states a rank and a pipeline's bubble |
@@ -24,7 +25,7 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `attention/` | arrays, modes, ops, tensor, trace | naive and tiled (FlashAttention-2) attention, a file for each part: the shared checks (`shapes`), Philox `dropout`, FlashAttention's `variants`, `naive`, the online softmax (`online`), the tiles both loops use (`tiles`), the `forward` and `backward` loops, `flash_attention` (`flash`, the seam `flash_passes`), FlashDecoding (`decode`), packed batches (`varlen`), and the CuPy RawKernels (`gpu`, with `kernels/*.cu` beside it, imported lazily) |
 | `lab/` | attention, ops | the opt-in lab: a large op's blocks and passes shared among threads, swapped into the ops' and attention's seams (`enable`, `on`, `AG_LAB=1`; `seams`), exp with subnormal results flushed (`subnormals`), `flash_attention`'s fixed shift, exp2 and threads, and `set_workers` |
 | `checkpoint` | discard, errors, modes, tensor | `checkpoint(fn, *inputs)`: keep a block's inputs, rerun it in backward (`torch.utils.checkpoint`) |
-| `nn` | attention, checkpoint, discard, hooks, memory_model, ops, tensor | transformer layers with NeMo's recomputation settings (they use `checkpoint`, and name the scopes `remat.nemo` reads) |
+| `nn` | attention, checkpoint, discard, memory_model, ops, scopes, tensor | transformer layers with NeMo's recomputation settings (they use `checkpoint`, and name the scopes `remat.nemo` reads) |
 | `remat/` | checkpoint, discard, errors, hooks, modes, nn, ops, tensor, trace | rematerialization: chain planners, capture, schedules, the MILP, revolve, DTR (its `examples` build `nn` layers) |
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |

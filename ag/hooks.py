@@ -8,7 +8,7 @@ The events, and what each passes to its subscribers:
 - ``"step done"`` (op, name, snapshots): a backward step ran; ``snapshots`` is the list
   ``backward(trace=True)`` returns, else None;
 - ``"product counted"`` (phase, flops): a matrix product ran, 2·m·n·k FLOPs;
-- ``"scope entered"`` (name) and ``"scope left"`` (name): a block named by ``scope`` (``nn``'s
+- ``"scope entered"`` (name) and ``"scope left"`` (name): a block named by ``scopes.scope`` (``nn``'s
   "transformer layer" and "attention core") began or ended.
 
 The engine publishes an op's events only while some block watches (``modes.config.watchers``),
@@ -48,17 +48,6 @@ def _subscribers_of(event: str) -> list[Callable]:
     if event not in _subscribers:
         raise ValueError(f"hooks: no event named {event!r}; the events are {', '.join(EVENTS)}")
     return _subscribers[event]
-
-
-@contextlib.contextmanager
-def scope(name: str) -> Iterator[None]:
-    """Name the ops run inside the block, for whoever watches (``remat.capture`` files each node
-    under the scopes it was made in)."""
-    publish("scope entered", name)
-    try:
-        yield
-    finally:
-        publish("scope left", name)
 
 
 @contextlib.contextmanager

@@ -33,11 +33,11 @@ from . import memory_model, ops
 from .attention import flash_attention
 from .checkpoint import checkpoint
 from .discard import release_unneeded
-from .hooks import scope
+from .scopes import scope
 from .ops.fused import keep_mask
 from .tensor import Tensor
 
-ATTENTION_CORE = "attention core"  # the scopes (hooks.scope) NeMo's modes read in remat.nemo
+ATTENTION_CORE = "attention core"  # the scopes (scopes.scope) NeMo's modes read in remat.nemo
 TRANSFORMER_LAYER = "transformer layer"
 
 

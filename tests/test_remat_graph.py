@@ -284,8 +284,8 @@ def test_nemo_reads_the_scopes_a_model_names_not_its_function_names():
 
     def fn(x):
         h = ag.tanh(x @ w)
-        with ag.hooks.scope("transformer layer"):
-            with ag.hooks.scope("attention core"):
+        with ag.scopes.scope("transformer layer"):
+            with ag.scopes.scope("attention core"):
                 core = ag.relu(h @ w)
             out = core * h
         return ag.sum(out)

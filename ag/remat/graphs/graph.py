@@ -81,7 +81,7 @@ class Node:
     deps: tuple[int, ...]   # the nodes among its arguments
     view_of: int | None     # the node whose buffer it views
     has_backward: bool
-    scope: tuple[str, ...]  # the scopes (``hooks.scope``) it was made in, outermost first: "transformer layer#0"
+    scope: tuple[str, ...]  # the scopes (``scopes.scope``) it was made in, outermost first: "transformer layer#0"
     call: Call
     workspace_bytes: int = 0  # transient bytes while it is computed, above what it leaves behind
 

@@ -1,5 +1,5 @@
 """NeMo's recomputation modes on a captured graph, found by the scopes ``nn`` names
-(``hooks.scope("attention core")`` and ``"transformer layer"``), written as ``from_keep`` schedules."""
+(``scopes.scope("attention core")`` and ``"transformer layer"``), written as ``from_keep`` schedules."""
 from __future__ import annotations
 
 from ...nn import ATTENTION_CORE as CORE, TRANSFORMER_LAYER as LAYER
