@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import Iterator
 
 import numpy as np
 
-from .. import amp, memory_model, ops
+from .. import amp, hooks, memory_model, ops, optim, trace
 from ..optim import Adam
 from ..tables import table
 from ..tensor import Tensor
@@ -40,49 +42,109 @@ STAGES = memory_model.ZERO_STAGES
 PRECISIONS = ("float32", "float16", "bfloat16")
 
 
-class ZeroLayer:
-    """One layer y = tanh(x W): its weight W whole (stages 0-2) or only this rank's shard of it (stage 3).
+class Sharded:
+    """One parameter under ZeRO: ``param`` is the model's Tensor, ``shard`` the leaf the optimizer steps,
+    rank r's elements r·n .. (r+1)·n of its flat values, n = size/N_d (stage 0: the parameter itself).
 
-    ``shard`` is the leaf Adam steps: rank r's elements r·n .. (r+1)·n of W's flat values, n = h²/N_d
-    (stage 0: W itself). In stages 1 and 2 it is a view of W, so stepping it steps W's own slice.
+    In stages 1 and 2 the shard is a view of the parameter, so stepping it steps the parameter's own slice.
+    In stage 3 the parameter keeps no value: its rematerializer all-gathers it from the ranks' shards for
+    each op that reads it (forward, and backward's steps), and the engine discards it after.
     """
 
-    def __init__(self, weight: np.ndarray, group: Group, stage: int) -> None:
-        n = weight.size // group.size
+    def __init__(self, param: Tensor, group: Group, stage: int) -> None:
+        if param.size % group.size:
+            raise ValueError(f"ZeRO: {param.describe()} has {param.size} values, which do not split into "
+                             f"{group.size} equal shards; expected a size divisible by the ranks")
+        n = param.size // group.size
         mine = slice(group.rank * n, (group.rank + 1) * n)
-        self.group, self.stage = group, stage
-        if stage < 3:
-            self.weight = Tensor(weight.copy(), requires_grad=True)
-            self.shard = self.weight if stage == 0 else Tensor(self.weight.value.reshape(-1)[mine], requires_grad=True)
+        self.param, self.group, self.stage = param, group, stage
+        if stage == 0:
+            self.shard = param
+        elif stage < 3:
+            self.shard = Tensor(param.value.reshape(-1)[mine], requires_grad=True, name=f"{param.name}.shard")
         else:
-            self.shard = Tensor(weight.reshape(-1)[mine].copy(), requires_grad=True)
-            self.weight = Tensor(weight.copy(), requires_grad=True, rematerializer=self.gather)
-            self.weight.value = None  # from now on it exists only while an op reads it
+            self.shard = Tensor(param.value.reshape(-1)[mine].copy(), requires_grad=True, name=f"{param.name}.shard")
+            param.rematerializer = self.gather
+            param.value = None  # from now on it exists only while an op reads it
 
     def gather(self) -> np.ndarray:
-        """W, all-gathered from the ranks' shards (stage 3)."""
-        return self.group.all_gather(self.shard.value).reshape(self.weight.shape)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.weight.value is None:  # stage 3: gathered for this op, which discards it after
-            self.weight.value = self.gather()
-        return ops.tanh(ops.matmul(x, self.weight))
+        """The parameter, all-gathered from the ranks' shards (stage 3)."""
+        return self.group.all_gather(self.shard.value).reshape(self.param.shape)
 
     def reduce_grad(self) -> None:
-        """Sum W's grad over the ranks: whole (stage 0), or as this rank's shard of the sum (stages ≥ 1)."""
-        if self.stage == 0 and self.weight.dtype == np.float32:
-            self.group.all_reduce_in_place(self.weight.grad)
-            return
-        if self.stage == 0:  # MPI has no 16-bit sum: a float32 temporary, then 16 bits again
-            self.weight.grad = self.group.all_reduce(self.weight.grad)
-            return
-        self.shard.grad = self.group.reduce_scatter(self.weight.grad.reshape(-1))
-        self.weight.grad = None
+        """Sum the grad over the ranks: whole (stage 0), or as this rank's shard of the sum (stages ≥ 1)."""
+        grad = self.param.grad
+        if self.stage == 0 and grad.dtype == np.float32:
+            self.group.all_reduce_in_place(grad)
+        elif self.stage == 0:  # MPI has no 16-bit sum: a float32 temporary, then 16 bits again
+            self.param.grad = self.group.all_reduce(grad)
+        elif self.shard.grad is not None:
+            raise ValueError(f"ZeRO: {self.param.describe()} got a second grad after its first was reduce-scattered; "
+                             "stages 2 and 3 expect each parameter read once a forward")
+        else:
+            self.shard.grad = self.group.reduce_scatter(grad.reshape(-1))
+            self.param.grad = None
+            trace.watch_grad(self.shard)
 
     def gather_stepped(self) -> None:
-        """Stages 1 and 2: every rank's stepped shard, all-gathered into W in place."""
+        """Stages 1 and 2: every rank's stepped shard, all-gathered into the parameter in place."""
         if self.stage in (1, 2):
-            self.group.all_gather_in_place(self.weight.value.reshape(-1))
+            self.group.all_gather_in_place(self.param.value.reshape(-1))
+
+
+class ZeroLayer(Sharded):
+    """One layer y = tanh(x W), its weight W sharded for ``stage``."""
+
+    def __init__(self, weight: np.ndarray, group: Group, stage: int) -> None:
+        super().__init__(Tensor(weight.copy(), requires_grad=True), group, stage)
+        self.weight = self.param
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return ops.tanh(ops.matmul(x, self.weight))  # stage 3: the op gathers W, and discards it after
+
+
+def shard_parameters(params: list[Tensor], group: Group, stage: int) -> list[Sharded]:
+    """Every parameter of a model sharded for ``stage`` over ``group``'s ranks."""
+    check_stage(group.size, stage)
+    return [Sharded(p, group, stage) for p in params]
+
+
+@contextmanager
+def reducing_as_made(sharded: list[Sharded]) -> Iterator[None]:
+    """Stages 2 and 3 inside the block: after each backward step, reduce-scatter every grad that step made
+    and free it, so only shards outlive backward (each parameter read once a forward, so its grad is whole)."""
+    def reduce_new_grads(*_) -> None:
+        for s in sharded:
+            if s.param.grad is not None:
+                s.reduce_grad()
+                trace.record("backward", "reduce-scatter", s.param.name)  # the step's snapshot came before it
+    if sharded and sharded[0].stage >= 2:
+        with hooks.subscribed("step done", reduce_new_grads):
+            yield
+    else:
+        yield
+
+
+class ZeroOptimizer:
+    """ZeRO's step over sharded parameters: sum the grads backward did not (stages 0 and 1), step the
+    shards with ``inner`` (``Adam``, or ``amp.MixedPrecision`` on float32 master shards), free the grads,
+    and all-gather the stepped shards into the parameters (stages 1 and 2)."""
+
+    def __init__(self, sharded: list[Sharded], inner) -> None:
+        self.sharded, self.inner = sharded, inner
+
+    def step(self) -> None:
+        for s in self.sharded:
+            if s.stage < 2 and s.param.grad is not None:
+                s.reduce_grad()
+        self.inner.step()
+        self.inner.zero_grad()
+        for s in self.sharded:
+            s.gather_stepped()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+        optim.zero_grads([s.param for s in self.sharded], set_to_none)
 
 
 def build(group: Group, stage: int, num_layers: int, h: int, seed: int = 0,
@@ -114,14 +176,14 @@ def make_optimizer(layers: list[ZeroLayer], lr: float):
     return amp.MixedPrecision(shards, Adam, lr=lr)
 
 
-def check_stage(ranks: int, stage: int, h: int) -> None:
+def check_stage(ranks: int, stage: int, h: int | None = None) -> None:
     """ZeRO needs a stage in 0..3, at least two ranks to share the states, and h² divisible by the ranks."""
     if stage not in STAGES:
         raise ValueError(f"ZeRO: stage={stage!r}; expected one of {STAGES} (0 is plain data parallelism)")
     if stage and ranks < 2:
         raise ValueError(f"ZeRO stage {stage} on 1 rank: there is no other rank to share the optimizer state "
                          "with; expected mpiexec -n N with N >= 2 (or stage 0)")
-    if (h * h) % ranks:
+    if h is not None and (h * h) % ranks:
         raise ValueError(f"ZeRO: a weight of {h}x{h} = {h * h} values does not split into {ranks} equal shards; "
                          f"expected h*h % {ranks} == 0")
 
@@ -167,15 +229,8 @@ def reduce_on_the_fly(stage: int):
 
 
 def optimizer_step(layers: list[ZeroLayer], optimizer: Adam | amp.MixedPrecision) -> None:
-    """Sum the grads backward did not (stages 0 and 1), step the shards, free the grads, and all-gather
-    the stepped shards into the weights (stages 1 and 2)."""
-    if layers[0].stage < 2:
-        for layer in layers:
-            layer.reduce_grad()
-    optimizer.step()
-    optimizer.zero_grad()
-    for layer in layers:
-        layer.gather_stepped()
+    """ZeRO's step (``ZeroOptimizer``) over the layers' sharded weights."""
+    ZeroOptimizer(layers, optimizer).step()
 
 
 def train_step(layers: list[ZeroLayer], optimizer: Adam | amp.MixedPrecision, group: Group, step: int,
