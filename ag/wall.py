@@ -116,11 +116,12 @@ def predict(c: WallConfig) -> dict[str, int]:
 
 def layer_activation_bytes(c: WallConfig) -> int:
     """F: ``memory_model``'s terms with values at w bytes (masks stay 1 byte); flash attention keeps
-    selective's tensors and its logsumexp, one float32 per head and token (4asb)."""
+    selective's tensors and its logsumexp, one float32 per head and token (4asb), unless selective
+    recomputation reruns the attention core, logsumexp and all."""
     recompute = "selective" if c.attention == "flash" and c.granularity is None else c.granularity
     terms = memory_model.activation_terms(c.seq, c.batch, c.hidden, c.heads, recompute=recompute,
                                           bytes_per_value=c.value_bytes)
-    logsumexp = 4 * c.heads * c.seq * c.batch if c.attention == "flash" and recompute != "full" else 0
+    logsumexp = 4 * c.heads * c.seq * c.batch if c.attention == "flash" and c.granularity is None else 0
     return sum(terms.values()) + logsumexp
 
 

@@ -100,4 +100,8 @@ def test_the_wall_demo_prints_every_bar_beside_its_formula_and_draws_it(tmp_path
     assert len(bars) == 8 and "8 of 8 bars equal their formula to the byte" in out
     assert "L=1 h=64 s=16 b=2 +mixed precision" in out
     assert (tmp_path / "memory_wall.png").stat().st_size > 10_000
+    assert "9 of 9 bars equal their formula to the byte" in out  # the levers, one on top of another
+    for lever in demo.LADDER:
+        assert f"\n{lever} " in out
+    assert (tmp_path / "memory_wall_levers.png").stat().st_size > 10_000
     assert ag.wall.SLICES == ("parameters", "gradients", "optimizer state", "activations")
