@@ -23,7 +23,7 @@ from . import remat
 from .arrays import array_module
 from .discard import discard_value_if_has_rematerializer, release_unneeded
 from .tensor import Tensor
-from .trace import end_trace, snapshot_trace, start_trace
+from .trace import device_module, end_trace, snapshot_trace, start_trace
 
 Layer = Callable[[Tensor], Tensor]
 
@@ -124,8 +124,17 @@ def measure_step(step: Callable[[], None], repeats: int = 3, device: str = "cpu"
     for _ in range(repeats):
         began = time.perf_counter()
         step()
+        synchronize(device)
         times.append(time.perf_counter() - began)
     return {"peak_bytes": peak, "seconds": min(times, default=float("nan"))}
+
+
+def synchronize(device) -> None:
+    """Wait for the GPU's queued kernels (CuPy launches them asynchronously), so a step's time is its own."""
+    if device != "cpu":
+        cuda = getattr(device_module(device), "cuda", None)
+        if hasattr(cuda, "Device"):
+            cuda.Device().synchronize()
 
 
 def offload_step(layers: Sequence[Layer], x: Tensor) -> Callable[[], None]:
