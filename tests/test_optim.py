@@ -406,6 +406,19 @@ def torch_twin(torch, params, name, hyper):
     return twins, getattr(torch.optim, name)(twins, **hyper)
 
 
+def steps_beside_torch(torch, config, params, steps):
+    """``steps`` steps of ag's optimizer and torch's on the same random grads; torch's parameters."""
+    make, name, hyper = CONFIGS[config]
+    twins, torch_opt = torch_twin(torch, params, name, hyper)
+    opt = make(params, **hyper)
+    for step_grads in grads_for(params, steps):
+        for p, twin, g in zip(params, twins, step_grads):
+            p.grad, twin.grad = g, torch.from_numpy(g.copy())
+        opt.step()
+        torch_opt.step()
+    return twins
+
+
 def assert_same_params(params, twins, steps):
     tolerance = rounding_tolerance(params, steps)
     for p, twin in zip(params, twins):
@@ -417,17 +430,8 @@ def assert_same_params(params, twins, steps):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_hundred_steps_on_the_same_random_grads_match_torch_optim(config, dtype, torch_or_skip):
-    torch = torch_or_skip
-    make, name, hyper = CONFIGS[config]
     params = make_params(dtype)
-    twins, torch_opt = torch_twin(torch, params, name, hyper)
-    opt = make(params, **hyper)
-    for step_grads in grads_for(params, 100):
-        for p, twin, g in zip(params, twins, step_grads):
-            p.grad, twin.grad = g, torch.from_numpy(g.copy())
-        opt.step()
-        torch_opt.step()
-    assert_same_params(params, twins, 100)
+    assert_same_params(params, steps_beside_torch(torch_or_skip, config, params, 100), 100)
 
 
 def ag_mlp_loss(params, x, y):
@@ -526,14 +530,5 @@ def test_a_step_over_a_parameter_of_many_blocks_allocates_one_blocks_temporary(c
 @pytest.mark.oracle
 @pytest.mark.parametrize("config", CONFIGS)
 def test_parameters_of_several_blocks_match_torch_optim(config, torch_or_skip):
-    torch = torch_or_skip
-    make, name, hyper = CONFIGS[config]
     params = make_params(np.float32, shapes=LARGE)
-    twins, torch_opt = torch_twin(torch, params, name, hyper)
-    opt = make(params, **hyper)
-    for step_grads in grads_for(params, 10):
-        for p, twin, g in zip(params, twins, step_grads):
-            p.grad, twin.grad = g, torch.from_numpy(g.copy())
-        opt.step()
-        torch_opt.step()
-    assert_same_params(params, twins, 10)
+    assert_same_params(params, steps_beside_torch(torch_or_skip, config, params, 10), 10)
