@@ -30,9 +30,9 @@ module's private names, or shadows a built-in (`ag.sum`, `ag.max` and `ag.pow` l
 | `optim` | tensor, trace | SGD with momentum, Adam and AdamW, each step in place: their state (allocated at the first step, named, measured) and state dicts for `np.savez` |
 | `amp` | arrays, optim, tensor, trace | mixed precision: float16/bfloat16 compute, float32 master weights (`MixedPrecision`), dynamic loss scaling (`LossScaler`) |
 | `train` | modes, nn, ops, optim, tensor | training on real data: digits (`DigitsMLP`), a character-level transformer on the Zen of Python, `cross_entropy`, `fit` with a progress bar, checkpoints that resume exactly |
-| `wall` | amp, memory_model, nn, ops, optim, tensor, trace | the whole wall: one training step of a GPT-like model by slice, measured beside its formulas, and the `Lever`s that cut them |
 | `offload` | arrays, discard, remat, tensor, trace | offloading a chain's checkpoints to disk (host memory from CuPy) and reading them back early on a thread, against recomputing and keeping |
-| `parallel/` | memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`) |
+| `parallel/` | amp, hooks, memory_model, nn, ops, optim, tables, tensor, trace | parallelism over MPI ranks, a file for each scheme: the communicator (`mpi`), Megatron's tensor and sequence parallelism (`tensor_parallel`), ZeRO's stages 1-3 (`zero`), GPipe and 1F1B (`pipeline`), and the bytes a rank holds (`held`); `mpi.StandIn`, one rank measured alone |
+| `wall` | amp, memory_model, nn, offload, ops, optim, parallel, remat, tensor, trace | the whole wall: one training step of a GPT-like model by slice, measured beside its formulas, and the `Lever`s that cut them (ZeRO on a `parallel.mpi.StandIn` rank, offloading) |
 | `palette` | trace | one colour-blind-safe colour per memory category |
 | `plot/` | palette, trace | slide plots and the interactive HTML timeline |
 | `course/` | — | the course kit: assign, intake, install, grade, judge, sandbox, Gradescope (it reads ag's files, not its objects) |

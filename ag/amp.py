@@ -19,7 +19,7 @@ it can, as ``torch.amp.GradScaler`` does.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -86,6 +86,31 @@ class MixedPrecision:
         """The float32 master copies and the optimizer's state: 12 bytes a parameter with Adam."""
         return sum(m.value.nbytes for m in self.master) + self.optimizer.state_bytes()
 
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict, each parameter's entry also holding its float32 master copy
+        under "master" (apex's fp32_from_fp16), so ``optim.state_dict_to_arrays`` writes it for ``np.savez``.
+        The arrays are the optimizer's own, as in torch: save them before the next step."""
+        saved = self.optimizer.state_dict()
+        for i, master in enumerate(self.master):
+            saved["state"].setdefault(i, {})["master"] = master.value
+        return saved
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Take the master copies and the inner optimizer's state from ``state_dict`` (copied), and
+        round each master into its 16-bit parameter, so that the two agree as after a step."""
+        states = state_dict.get("state") if isinstance(state_dict, Mapping) else None
+        if not isinstance(states, Mapping) or sorted(states) != list(range(len(self.params))):
+            raise ValueError(f"MixedPrecision.load_state_dict: expected a 'state' entry for each of the "
+                             f"{len(self.params)} parameters (from MixedPrecision.state_dict()), got "
+                             f"{sorted(states) if isinstance(states, Mapping) else type(state_dict).__name__}")
+        masters = [checked_master(i, states[i], m) for i, m in enumerate(self.master)]
+        inner = {i: {k: v for k, v in s.items() if k != "master"} for i, s in states.items()}
+        self.optimizer.load_state_dict({"state": {i: s for i, s in inner.items() if s},
+                                        "param_groups": state_dict.get("param_groups")})
+        for p, master, saved in zip(self.params, self.master, masters):
+            np.copyto(master.value, saved)
+            np.copyto(p.value, master.value, casting="unsafe")
+
 
 def check_16_bit(i: int, p) -> Tensor:
     """A parameter for mixed precision: a float16 or bfloat16 leaf Tensor that requires grad."""
@@ -97,6 +122,16 @@ def check_16_bit(i: int, p) -> Tensor:
         raise ValueError(f"MixedPrecision: params[{i}] ({p.describe()}) is not a leaf that requires grad; "
                          "expected the model's parameters")
     return p
+
+
+def checked_master(i: int, saved: Mapping, master: Tensor) -> np.ndarray:
+    """Parameter ``i``'s saved master copy: float32, of its parameter's shape."""
+    array = saved.get("master") if isinstance(saved, Mapping) else None
+    if getattr(array, "shape", None) != master.shape or getattr(array, "dtype", None) != np.float32:
+        what = "none" if array is None else f"{getattr(array, 'shape', '?')} {getattr(array, 'dtype', type(array))}"
+        raise ValueError(f"MixedPrecision.load_state_dict: state {i}'s master copy is {what}; expected "
+                         f"{master.shape} float32 like params[{i}]'s master")
+    return array
 
 
 class LossScaler:
@@ -128,6 +163,23 @@ class LossScaler:
         if not self.found_inf:
             optimizer.step(1.0 / self.scale_value)
         return not self.found_inf
+
+    def state_dict(self) -> dict:
+        """The scale, the rule's settings and the good steps counted toward growth (torch's GradScaler keys)."""
+        return {"scale": self.scale_value, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "growth_tracker": self.good_steps}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Take a ``state_dict()``'s scale, settings and count of good steps (numbers or 0-d arrays)."""
+        keys = set(self.state_dict())
+        if not isinstance(state_dict, Mapping) or set(state_dict) != keys:
+            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(f"LossScaler.load_state_dict: expected the keys {sorted(keys)}, got {got}")
+        number = {k: float(np.asarray(v)) for k, v in state_dict.items()}
+        self.__init__(number["scale"], number["growth_factor"], number["backoff_factor"],
+                      int(number["growth_interval"]))
+        self.good_steps = int(number["growth_tracker"])
 
     def update(self) -> None:
         """Back off after a skipped step; grow after ``growth_interval`` good steps in a row."""

@@ -507,6 +507,37 @@ def wall_demo(out_dir: str | None = "ag-plots", levers=("mixed precision",), **s
         _save_plot(out_dir, "memory_wall.png", lambda plot, path: plot.memory_wall(
             [(bar.short_label, bar.measured, bar.predicted) for bar in bars], path=path,
             title="The whole wall: one training step by slice (ticks: formula)"))
+    last = sizes.get("sizes", wall.SIZES)[-1], sizes.get("batches", (1, 4))[-1]
+    wall_levers_demo(out_dir, *last, seq=sizes.get("seq", 64))
+    return bars
+
+
+LADDER = ("mixed precision", "ZeRO-1", "ZeRO-2", "ZeRO-3", "flash attention", "selective recomputation",
+          "full recomputation", "offloading")
+
+
+def wall_levers_demo(out_dir: str | None, size: tuple[int, int, int], batch: int, seq: int = 64,
+                     levers: tuple[str, ...] = LADDER) -> list[wall.WallBar]:
+    """Pull the levers one after another on one step, each on top of those before: print each slice
+    measured (formula), the bytes each lever cut, and the peak; plot the bars."""
+    bars = wall.wall(sizes=(size,), batches=(batch,), seq=seq, levers=levers)
+    print(f"\nThe levers, one on top of another (ZeRO: rank 0 of 2, measured alone; offloading: full "
+          "recomputation's checkpoints on disk)")
+    rows, before = [], None
+    for bar in bars:
+        total = sum(bar.measured.values())
+        cut = "" if before is None else f"{(before - total) / trace.MB:+.2f}"
+        rows.append((bar.levers[-1] if bar.levers else "as is",
+                     *(f"{bar.measured[s] / trace.MB:.2f} ({bar.predicted[s] / trace.MB:.2f})" for s in wall.SLICES),
+                     cut, f"{bar.peak_bytes / trace.MB:.2f}"))
+        before = total
+    table(["lever added", *(f"{s} MB" for s in wall.SLICES), "cut MB", "peak MB"], rows, left=1)
+    exact = sum(bar.measured == bar.predicted for bar in bars)
+    print(f"\n{exact} of {len(bars)} bars equal their formula to the byte in every slice.")
+    if out_dir is not None:
+        _save_plot(out_dir, "memory_wall_levers.png", lambda plot, path: plot.memory_wall(
+            [("as is" if not b.levers else "+" + b.levers[-1].split()[0], b.measured, b.predicted) for b in bars],
+            path=path, title=f"{bars[0].label}: each lever on top of those before (ticks: formula)"))
     return bars
 
 

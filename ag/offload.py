@@ -2,9 +2,9 @@
 
 ``offloaded(layers, x, directory)`` runs a chain of layers and gives each output but the last a
 rematerializer that reads its value back from where ``store`` wrote it: a file per tensor (np.memmap)
-for a NumPy value, host memory for a CuPy one. The engine drops the value once the next layer has read
-it, and backward's first step that needs it reads it back; that read also starts the next one backward
-will need on a thread, so it is (mostly) there when its step comes.
+for a NumPy value, host memory for a CuPy one. The value is dropped once the next layer has run (its
+forward may read it twice), and backward's first step that needs it reads it back; that read also starts
+the next one backward will need on a thread, so it is (mostly) there when its step comes.
 
 The trade against recomputing: offloading moves 2·bytes over a link of B bytes/s, recomputing redoes
 FLOPs at F FLOP/s; offloading wins when 2·bytes/B < FLOPs/F and the transfer cannot hide behind compute.
@@ -21,9 +21,9 @@ import numpy as np
 
 from . import remat
 from .arrays import array_module
-from .discard import release_unneeded
+from .discard import discard_value_if_has_rematerializer, release_unneeded
 from .tensor import Tensor
-from .trace import end_trace, snapshot_trace, start_trace
+from .trace import device_module, end_trace, snapshot_trace, start_trace
 
 Layer = Callable[[Tensor], Tensor]
 
@@ -97,13 +97,15 @@ class _Host:
 
 
 def offloaded(layers: Sequence[Layer], x: Tensor, offloader: Offloader) -> Tensor:
-    """Run ``layers`` on ``x``, storing every output but the last with ``offloader``."""
+    """Run ``layers`` on ``x``, storing every output but the last with ``offloader`` once the next layer
+    has run (a layer may read its input more than once: a transformer's residual) and dropping its value."""
     h = x
     for k, layer in enumerate(layers):
         out = layer(h)
         release_unneeded([out], [h])  # what no backward step reads goes now, as remat.sequential does
-        if k < len(layers) - 1:
-            offloader.store(out)
+        if k > 0:
+            offloader.store(h)
+            discard_value_if_has_rematerializer(h)
         h = out
     return h
 
@@ -122,8 +124,17 @@ def measure_step(step: Callable[[], None], repeats: int = 3, device: str = "cpu"
     for _ in range(repeats):
         began = time.perf_counter()
         step()
+        synchronize(device)
         times.append(time.perf_counter() - began)
     return {"peak_bytes": peak, "seconds": min(times, default=float("nan"))}
+
+
+def synchronize(device) -> None:
+    """Wait for the GPU's queued kernels (CuPy launches them asynchronously), so a step's time is its own."""
+    if device != "cpu":
+        cuda = getattr(device_module(device), "cuda", None)
+        if hasattr(cuda, "Device"):
+            cuda.Device().synchronize()
 
 
 def offload_step(layers: Sequence[Layer], x: Tensor) -> Callable[[], None]:

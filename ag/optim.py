@@ -6,8 +6,10 @@ An optimizer holds parameters (leaf Tensors with ``requires_grad=True``) and, fr
 "step". As in torch nothing is allocated before the first step; then 1 or 2 arrays a parameter.
 ``named_state()`` lists them for whoever labels memory; ``state_bytes()`` adds up their nbytes.
 
-A step changes ``p.value`` in place (``out=``, ``-=``) and reads ``p.grad`` without changing it;
-its one temporary, ``scratch``, is the size of one parameter and is freed before the next.
+A step changes ``p.value`` in place (``out=``, ``-=``) and reads ``p.grad`` without changing it.
+It runs the rule over each parameter ``BLOCK`` values at a time: the rule is elementwise, so the bits
+are the same, and its one temporary, ``scratch``, is one block, not one parameter (torch's fused
+kernels hold none). A parameter whose arrays are not laid out alike is stepped whole.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from . import trace
 from .tensor import Tensor
 
 STEPPABLE = (np.dtype(np.float32), np.dtype(np.float64))
+BLOCK = 1 << 15  # values updated at a time: a step's temporary is one block (128 kB in float32)
 
 
 class Optimizer:
@@ -53,7 +56,8 @@ class Optimizer:
         if state is None:  # the first step allocates the state, as torch does
             state = self.state[p] = self.new_state(p)
         state["step"] += 1
-        self.update(self.param_groups[0], state["step"], p.value, p.grad, *(state[name] for name in self.state_names))
+        for arrays in blocks(p.value, p.grad, *(state[name] for name in self.state_names)):
+            self.update(self.param_groups[0], state["step"], *arrays)
         trace.record("optimizer step", type(self).__name__, p.name)
 
     def new_state(self, p: Tensor) -> dict:
@@ -213,6 +217,18 @@ class AdamW(Adam):
     def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def blocks(*arrays: np.ndarray) -> Iterator[tuple[np.ndarray, ...]]:
+    """Arrays of one shape as flat views, ``BLOCK`` values at a time; whole, in one piece, unless all are
+    C-contiguous or all F-contiguous (else their flat elements would not line up)."""
+    order = "C" if all(a.flags.c_contiguous for a in arrays) else "F" if all(a.flags.f_contiguous for a in arrays) else None
+    if order is None or arrays[0].size <= BLOCK:
+        yield arrays
+        return
+    flat = [a.reshape(-1, order=order) for a in arrays]
+    for start in range(0, flat[0].size, BLOCK):
+        yield tuple(f[start:start + BLOCK] for f in flat)
 
 
 def zero_grads(params: Iterable[Tensor], set_to_none: bool = True) -> None:

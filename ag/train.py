@@ -181,15 +181,19 @@ class Progress:
 
 # ---- checkpoints ----
 
-def save_checkpoint(path, params: Sequence[Tensor], optimizer: optim.Optimizer, step: int) -> None:
-    """Write the parameters, the optimizer's state dict and the step to one ``np.savez`` file (no pickles)."""
+def save_checkpoint(path, params: Sequence[Tensor], optimizer: optim.Optimizer, step: int, scaler=None) -> None:
+    """Write the parameters, the optimizer's state dict (``amp.MixedPrecision``'s with its master copies),
+    the loss scaler's if given, and the step to one ``np.savez`` file (no pickles)."""
     arrays = {f"model.{i}": p.value for i, p in enumerate(params)}
     arrays |= {f"optimizer.{k}": v for k, v in optim.state_dict_to_arrays(optimizer.state_dict()).items()}
+    if scaler is not None:
+        arrays |= {f"scaler.{k}": np.asarray(v) for k, v in scaler.state_dict().items()}
     np.savez(path, step=np.asarray(step), **arrays)
 
 
-def load_checkpoint(path, params: Sequence[Tensor], optimizer: optim.Optimizer) -> int:
-    """Copy a ``save_checkpoint`` file into ``params`` (in place) and ``optimizer``; returns its step."""
+def load_checkpoint(path, params: Sequence[Tensor], optimizer: optim.Optimizer, scaler=None) -> int:
+    """Copy a ``save_checkpoint`` file into ``params`` (in place), ``optimizer`` and ``scaler`` if given;
+    returns its step."""
     with np.load(path, allow_pickle=False) as saved:
         names = [k for k in saved.files if k.startswith("model.")]
         if len(names) != len(params):
@@ -202,4 +206,6 @@ def load_checkpoint(path, params: Sequence[Tensor], optimizer: optim.Optimizer) 
             p.value[...] = value
         state = {k[len("optimizer."):]: saved[k] for k in saved.files if k.startswith("optimizer.")}
         optimizer.load_state_dict(optim.state_dict_from_arrays(state))
+        if scaler is not None:
+            scaler.load_state_dict({k[len("scaler."):]: saved[k] for k in saved.files if k.startswith("scaler.")})
         return int(saved["step"])

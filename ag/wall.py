@@ -12,17 +12,26 @@ trained with Adam on loss = mean(output). With Ψ parameters and w bytes a value
                                                      values at w bytes, and the stack's output and loss
 
 A ``Lever`` changes how the step runs, and so both the measurement and the formula: mixed
-precision, selective and full recomputation, flash attention. Another lever (ZeRO, offloading)
-is one more ``Lever`` that returns a changed ``WallConfig``.
+precision, ZeRO's stages 1-3 (the model states of ``memory_model.zero_bytes_per_rank``), selective and
+full recomputation, flash attention, and offloading full recomputation's checkpoints to disk (then the
+activations are the output and the loss, (sbh + 1)·w). Another lever is one more ``Lever`` that returns
+a changed ``WallConfig``.
+
+ZeRO's bars measure rank 0 of N_d in one process (``parallel.mpi.StandIn``): its collectives allocate
+what MPI's would, but its peers are absent, so its bytes are a rank's and its sums are not the group's.
 """
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import amp, memory_model, nn, ops, optim, trace
+from . import amp, memory_model, nn, offload, ops, optim, remat, trace
+from .parallel import zero
+from .parallel.mpi import StandIn
 from .tensor import Tensor
 
 SLICES = ("parameters", "gradients", "optimizer state", "activations")
@@ -41,6 +50,9 @@ class WallConfig:
     dtype: str = "float32"
     granularity: str | None = None  # NeMo's activations_checkpoint_granularity: None, "selective", "full"
     attention: str = "naive"
+    zero_stage: int = 0  # ZeRO's stage, on rank 0 of ``ranks``
+    ranks: int = 1
+    offload: bool = False  # full recomputation's checkpoints written to disk and read back for backward
 
     @property
     def value_bytes(self) -> int:
@@ -60,6 +72,8 @@ LEVERS = {
     "selective recomputation": Lever("selective recomputation", lambda c: replace(c, granularity="selective")),
     "full recomputation": Lever("full recomputation", lambda c: replace(c, granularity="full")),
     "flash attention": Lever("flash attention", lambda c: replace(c, attention="flash")),
+    **{f"ZeRO-{k}": Lever(f"ZeRO-{k}", lambda c, k=k: replace(c, zero_stage=k, ranks=2)) for k in (1, 2, 3)},
+    "offloading": Lever("offloading", lambda c: replace(c, granularity="full", offload=True)),
 }
 
 
@@ -94,17 +108,20 @@ def parameter_count(c: WallConfig) -> int:
 def predict(c: WallConfig) -> dict[str, int]:
     """The formulas of the module docstring for ``c``, by slice."""
     psi, w = parameter_count(c), c.value_bytes
-    return {"parameters": w * psi, "gradients": w * psi, "optimizer state": (8 if w == 4 else 12) * psi,
-            "activations": c.num_layers * layer_activation_bytes(c) + (c.seq * c.batch * c.hidden + 1) * w}
+    states = memory_model.zero_bytes_per_rank(psi, c.ranks, c.zero_stage, bytes_per_parameter=(w, w, 8 if w == 4 else 12))
+    layers = 0 if c.offload else c.num_layers * layer_activation_bytes(c)
+    return {"parameters": states["params"], "gradients": states["grads"], "optimizer state": states["optimizer_state"],
+            "activations": layers + (c.seq * c.batch * c.hidden + 1) * w}
 
 
 def layer_activation_bytes(c: WallConfig) -> int:
     """F: ``memory_model``'s terms with values at w bytes (masks stay 1 byte); flash attention keeps
-    selective's tensors and its logsumexp, one float32 per head and token (4asb)."""
+    selective's tensors and its logsumexp, one float32 per head and token (4asb), unless selective
+    recomputation reruns the attention core, logsumexp and all."""
     recompute = "selective" if c.attention == "flash" and c.granularity is None else c.granularity
     terms = memory_model.activation_terms(c.seq, c.batch, c.hidden, c.heads, recompute=recompute,
                                           bytes_per_value=c.value_bytes)
-    logsumexp = 4 * c.heads * c.seq * c.batch if c.attention == "flash" and recompute != "full" else 0
+    logsumexp = 4 * c.heads * c.seq * c.batch if c.attention == "flash" and c.granularity is None else 0
     return sum(terms.values()) + logsumexp
 
 
@@ -116,13 +133,14 @@ def measure(c: WallConfig, seed: int = 0) -> tuple[dict[str, int], int]:
     forward (everything it left alive but the other slices: tensors kept and dropout masks)."""
     dtype = np.dtype(c.dtype) if c.dtype == "float32" else amp.compute_dtype(c.dtype)
     tokens = np.random.default_rng(seed).integers(0, c.vocab, (c.seq, c.batch))
-    with trace.tracing() as timeline:
-        model = _GPT(c, dtype, seed)
-        params = list(model.parameters())
-        opt = optim.Adam(params) if c.dtype == "float32" else amp.MixedPrecision(params)
-        _step(model, tokens, opt, timeline)
+    with trace.tracing() as timeline, tempfile.TemporaryDirectory(prefix="ag-wall-") as directory:
+        model = _GPT(c, dtype, seed, directory if c.offload else None)
+        sharded = zero.shard_parameters(list(model.parameters()), StandIn(c.ranks), c.zero_stage)
+        shards = [s.shard for s in sharded]
+        opt = zero.ZeroOptimizer(sharded, optim.Adam(shards) if c.dtype == "float32" else amp.MixedPrecision(shards))
+        _step(model, tokens, opt, timeline, sharded)
         start = len(timeline)
-        after_forward, after_backward = _step(model, tokens, opt, timeline)
+        after_forward, after_backward = _step(model, tokens, opt, timeline, sharded)
     end, forward = timeline[-1].categories, timeline[after_forward].categories
     held = forward["parameters"] + forward["optimizer state"] + forward["gradients"] + forward["inputs"]
     measured = {"parameters": end["parameters"], "gradients": timeline[after_backward].categories["gradients"],
@@ -132,23 +150,62 @@ def measure(c: WallConfig, seed: int = 0) -> tuple[dict[str, int], int]:
 
 
 class _GPT(nn.Module):
-    def __init__(self, c: WallConfig, dtype, seed: int) -> None:
+    """The embedding and the transformer; with ``offload_to`` a folder, the embedding's output and each
+    rerun chunk's output but the last are written there by an ``offload.Offloader`` (one each step)."""
+
+    def __init__(self, c: WallConfig, dtype, seed: int, offload_to: str | None = None) -> None:
         rng = np.random.default_rng((seed, 0))
         self.embedding = Tensor((rng.standard_normal((c.vocab, c.hidden)) * 0.02).astype(dtype),
                                 requires_grad=True, name="embedding")
         self.body = nn.Transformer(c.num_layers, c.hidden, c.heads, dtype=dtype, seed=seed, attention=c.attention,
                                    activations_checkpoint_granularity=c.granularity)
+        self.offload_to, self.offloader = offload_to, None
 
     def __call__(self, tokens: np.ndarray) -> Tensor:
-        return self.body(ops.getitem(self.embedding, tokens))
+        if self.offloader is None:
+            return self.body(ops.getitem(self.embedding, tokens))
+        chain = [lambda t: ops.getitem(self.embedding, t.value)]
+        chain += [_chunk(layers, rerun) for layers, rerun in self.body.chunks()]
+        return offload.offloaded(chain, Tensor(tokens), self.offloader)
+
+    @contextlib.contextmanager
+    def offloading(self) -> Iterator[None]:
+        """A fresh Offloader for one step's forward and backward (none without ``offload_to``)."""
+        if self.offload_to is None:
+            yield
+            return
+        self.offloader = offload.Offloader(self.offload_to)
+        try:
+            yield
+        finally:
+            self.offloader.close()
+            self.offloader = None
 
 
-def _step(model: _GPT, tokens: np.ndarray, opt, timeline: list) -> tuple[int, int]:
-    """One training step; the indices of the snapshots after its forward and after its backward."""
-    loss = ops.mean(model(tokens))
-    after_forward = len(timeline) - 1
-    loss.backward()
-    after_backward = len(timeline) - 1
+def _chunk(layers: list[nn.TransformerLayer], rerun: bool) -> Callable[[Tensor], Tensor]:
+    """A run of layers as ``nn.Transformer`` calls it: checkpointed (its input kept, the run redone in backward)."""
+    def run(x: Tensor) -> Tensor:
+        forwards = [layer.forward_with(layer.next_key()) for layer in layers]
+        through = lambda h: _through(forwards, h)  # noqa: E731
+        return remat.checkpoint(through, x) if rerun else through(x)
+    return run
+
+
+def _through(forwards: list[Callable[[Tensor], Tensor]], x: Tensor) -> Tensor:
+    for forward in forwards:
+        x = forward(x)
+    return x
+
+
+def _step(model: _GPT, tokens: np.ndarray, opt, timeline: list, sharded: list) -> tuple[int, int]:
+    """One training step; the indices of the snapshots after its forward and after its backward
+    (ZeRO-2 and -3 reduce-scatter each grad as backward makes it)."""
+    with model.offloading():
+        loss = ops.mean(model(tokens))
+        after_forward = len(timeline) - 1
+        with zero.reducing_as_made(sharded):
+            loss.backward()
+        after_backward = len(timeline) - 1
     opt.step()
     opt.zero_grad()
     return after_forward, after_backward

@@ -202,3 +202,72 @@ def test_an_unknown_compute_dtype_is_refused_naming_both():
 def test_a_loss_scaler_that_would_not_back_off_is_refused():
     with pytest.raises(ValueError, match="0 < backoff_factor < 1"):
         amp.LossScaler(backoff_factor=1.5)
+
+
+# ---- resuming from a checkpoint ----
+
+def mixed_run(steps: int, state=None, tmp_path=None):
+    """An MLP in float16 stepped by MixedPrecision(Adam) under a LossScaler whose first scale overflows;
+    from a checkpoint file if ``state`` names one. Returns (layers, optimizer, scaler, losses)."""
+    dtype = np.dtype(np.float16)
+    layers = mlp(dtype)
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = amp.MixedPrecision(params, ag.optim.Adam, lr=1e-2)
+    scaler = amp.LossScaler(init_scale=2.0 ** 20, growth_interval=3)
+    first = 0 if state is None else ag.train.load_checkpoint(state, params, opt, scaler)
+    losses = []
+    for step in range(first, first + steps):
+        x = np.random.default_rng(step).standard_normal((64, 20)).astype(dtype)
+        loss = forward(layers, ag.Tensor(x))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        losses.append(float(loss.value))
+    return params, opt, scaler, losses
+
+
+def test_mixed_precision_resumed_from_a_checkpoint_equals_an_unbroken_run_bit_for_bit(tmp_path):
+    """Master copies, Adam's m and v and step counts, the loss scale and its count of good steps all
+    travel through np.savez: k steps, save, load into fresh objects, k more equal 2k straight steps."""
+    k = 8
+    params, opt, scaler, first_losses = mixed_run(k)
+    ag.train.save_checkpoint(tmp_path / "run.npz", params, opt, step=k, scaler=scaler)
+    resumed, resumed_opt, resumed_scaler, later_losses = mixed_run(k, tmp_path / "run.npz")
+    straight, straight_opt, straight_scaler, losses = mixed_run(2 * k)
+    assert straight_scaler.scale_value < 2.0 ** 20  # the run skipped steps and backed off
+    assert first_losses + later_losses == losses
+    for a, b in zip(resumed + resumed_opt.master, straight + straight_opt.master):
+        assert a.value.dtype == b.value.dtype and np.array_equal(a.value, b.value)
+    assert resumed_scaler.state_dict() == straight_scaler.state_dict()
+
+
+def test_the_state_dict_holds_every_master_copy_before_the_first_step():
+    p = ag.Tensor(np.ones(3, np.float16), requires_grad=True)
+    saved = amp.MixedPrecision([p], ag.optim.Adam).state_dict()
+    assert list(saved["state"]) == [0] and set(saved["state"][0]) == {"master"}
+    assert saved["state"][0]["master"].dtype == np.float32
+
+
+def test_loading_rounds_the_master_copies_into_the_16_bit_parameters():
+    source = ag.Tensor(np.full(2, 0.1, np.float16), requires_grad=True)
+    opt = amp.MixedPrecision([source], ag.optim.SGD, lr=0.0)
+    opt.master[0].value[:] = np.float32(0.3)
+    target = ag.Tensor(np.zeros(2, np.float16), requires_grad=True)
+    fresh = amp.MixedPrecision([target], ag.optim.SGD, lr=0.0)
+    fresh.load_state_dict(opt.state_dict())
+    assert np.array_equal(target.value, np.full(2, np.float16(0.3)))
+    assert np.array_equal(fresh.master[0].value, np.full(2, np.float32(0.3)))
+
+
+def test_a_state_dict_without_a_master_copy_is_refused_naming_it():
+    p = ag.Tensor(np.ones((2, 3), np.float16), requires_grad=True)
+    saved = amp.MixedPrecision([p], ag.optim.Adam).state_dict()
+    saved["state"][0]["master"] = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"state 0's master copy is \(3,\) float32; expected \(2, 3\) float32"):
+        amp.MixedPrecision([p], ag.optim.Adam).load_state_dict(saved)
+
+
+def test_a_loss_scaler_state_dict_with_missing_keys_is_refused_naming_them():
+    with pytest.raises(ValueError, match=r"expected the keys \['backoff_factor', 'growth_factor'"):
+        amp.LossScaler().load_state_dict({"scale": 8.0})

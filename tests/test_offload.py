@@ -7,6 +7,7 @@ import pytest
 
 import ag
 from ag import offload
+from test_device_agnostic import device  # noqa: F401  (the CuPy double here, CuPy itself where a GPU is)
 
 
 def chain(n=6, rows=64, h=32, seed=0):
@@ -63,3 +64,22 @@ def test_the_files_are_removed_after_the_step(tmp_path, monkeypatch):
 def test_an_offloader_refuses_a_folder_that_does_not_exist(tmp_path):
     with pytest.raises(ValueError, match=r"'.*missing' is not a directory; expected an existing folder"):
         offload.Offloader(tmp_path / "missing")
+
+
+def test_on_a_device_offloaded_grads_equal_keeping_everything_bit_for_bit_and_the_pool_peaks_lower(device):
+    """Each output goes to host memory (``.get()``) and comes back (``asarray``) for backward; the device
+    pool's peak (start_trace(device=...)) falls below keeping every output. Skipped without a GPU, with
+    the reason, for real CuPy; the CuPy double runs everywhere."""
+    n, rows, h = 8, 256, 64
+    rng = np.random.default_rng(0)
+    weights = [device.tensor((rng.standard_normal((h, h)) / np.sqrt(h)).astype(np.float32)) for _ in range(n)]
+    layers = [lambda t, w=w: ag.tanh(t @ w) for w in weights]
+    x = ag.Tensor(device.put(rng.standard_normal((rows, h)).astype(np.float32)))
+    kept = [device.host(g) for g in grads_after(offload.keep_step(layers, x), weights)]
+    moved = [device.host(g) for g in grads_after(offload.offload_step(layers, x), weights)]
+    for a, b in zip(kept, moved):
+        assert a.dtype == np.float32 and np.array_equal(a, b)
+    peaks = {way: offload.measure_step(step, repeats=1, device=device.xp)["peak_bytes"]
+             for way, step in (("keep", offload.keep_step(layers, x)), ("offload", offload.offload_step(layers, x)))}
+    one = rows * h * 4
+    assert peaks["keep"] >= n * one and peaks["offload"] <= peaks["keep"] - (n // 2) * one, peaks

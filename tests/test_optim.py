@@ -406,6 +406,19 @@ def torch_twin(torch, params, name, hyper):
     return twins, getattr(torch.optim, name)(twins, **hyper)
 
 
+def steps_beside_torch(torch, config, params, steps):
+    """``steps`` steps of ag's optimizer and torch's on the same random grads; torch's parameters."""
+    make, name, hyper = CONFIGS[config]
+    twins, torch_opt = torch_twin(torch, params, name, hyper)
+    opt = make(params, **hyper)
+    for step_grads in grads_for(params, steps):
+        for p, twin, g in zip(params, twins, step_grads):
+            p.grad, twin.grad = g, torch.from_numpy(g.copy())
+        opt.step()
+        torch_opt.step()
+    return twins
+
+
 def assert_same_params(params, twins, steps):
     tolerance = rounding_tolerance(params, steps)
     for p, twin in zip(params, twins):
@@ -417,17 +430,8 @@ def assert_same_params(params, twins, steps):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_hundred_steps_on_the_same_random_grads_match_torch_optim(config, dtype, torch_or_skip):
-    torch = torch_or_skip
-    make, name, hyper = CONFIGS[config]
     params = make_params(dtype)
-    twins, torch_opt = torch_twin(torch, params, name, hyper)
-    opt = make(params, **hyper)
-    for step_grads in grads_for(params, 100):
-        for p, twin, g in zip(params, twins, step_grads):
-            p.grad, twin.grad = g, torch.from_numpy(g.copy())
-        opt.step()
-        torch_opt.step()
-    assert_same_params(params, twins, 100)
+    assert_same_params(params, steps_beside_torch(torch_or_skip, config, params, 100), 100)
 
 
 def ag_mlp_loss(params, x, y):
@@ -482,3 +486,49 @@ def test_a_hundred_steps_training_the_same_mlp_match_torch_optim(config, dtype, 
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]  # it trains
     assert_same_params(params, twins, 100)
+
+
+# ---- a step in blocks: the same bits, a temporary of one block ----
+
+LARGE = [(300, 257), (257,)]  # 77,100 values: two whole blocks of 2^15 and a ragged third
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_step_in_blocks_gives_the_bits_of_one_pass_over_the_whole_parameter(config, order, monkeypatch):
+    make, _, hyper = CONFIGS[config]
+    runs = []
+    for block in (optim.BLOCK, 10 ** 9):
+        monkeypatch.setattr(optim, "BLOCK", block)
+        params = make_params(np.float32, shapes=LARGE)
+        for p in params:
+            p.value = np.asarray(p.value, order=order)
+        opt = make(params, **hyper)
+        for step_grads in grads_for(params, 3):
+            for p, g in zip(params, step_grads):
+                p.grad = np.asarray(g, order=order)
+            opt.step()
+        runs.append([p.value for p in params])
+    for blocked, whole in zip(*runs):
+        assert np.array_equal(blocked, whole)
+
+
+@pytest.mark.parametrize("config", ["sgd-momentum", "sgd-momentum-decay", "adamw-decay"])
+def test_a_step_over_a_parameter_of_many_blocks_allocates_one_blocks_temporary(config, traced):
+    make, _, hyper = CONFIGS[config]
+    params = make_params(np.float32, shapes=[(8 * optim.BLOCK,)])
+    opt = make(params, **hyper)
+    set_random_grads(params, np.random.default_rng(1))
+    opt.step()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    opt.step()
+    peak = tracemalloc.get_traced_memory()[1] - before
+    assert peak <= optim.BLOCK * 4 + STEP_OVERHEAD < params[0].nbytes // 4, peak
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("config", CONFIGS)
+def test_parameters_of_several_blocks_match_torch_optim(config, torch_or_skip):
+    params = make_params(np.float32, shapes=LARGE)
+    assert_same_params(params, steps_beside_torch(torch_or_skip, config, params, 10), 10)

@@ -7,6 +7,7 @@ import pytest
 
 import ag
 from ag import demo, wall
+from ag.parallel.mpi import StandIn
 
 TINY = wall.WallConfig(num_layers=1, hidden=32, heads=2, seq=32, batch=2, vocab=16)
 SETTINGS = {
@@ -55,8 +56,40 @@ def test_each_lever_is_added_on_top_of_the_ones_before_and_a_new_one_plugs_in():
     assert all(bar.measured == bar.predicted for bar in bars)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_zero_stage_cuts_rank_0s_model_states_to_the_papers_formula_measured(stage):
+    """Mixed precision on rank 0 of N_d = 2: 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d, the activations untouched."""
+    mixed = replace(TINY, dtype="float16")
+    config = wall.LEVERS[f"ZeRO-{stage}"].apply(mixed)
+    measured, _ = wall.measure(config)
+    before, _ = wall.measure(mixed)
+    psi = wall.parameter_count(TINY)
+    states = measured["parameters"] + measured["gradients"] + measured["optimizer state"]
+    assert states == {1: 4 * psi + 6 * psi, 2: 2 * psi + 7 * psi, 3: 8 * psi}[stage]
+    assert measured == wall.predict(config) and measured["activations"] == before["activations"]
+
+
+def test_offloading_full_recomputations_checkpoints_leaves_only_the_output_and_the_loss():
+    config = wall.LEVERS["offloading"].apply(replace(TINY, num_layers=2))
+    full, _ = wall.measure(replace(config, offload=False))
+    measured, _ = wall.measure(config)
+    sbh = TINY.seq * TINY.batch * TINY.hidden
+    assert measured["activations"] == (sbh + 1) * 4 and full["activations"] == (3 * sbh + 1) * 4
+    assert measured == wall.predict(config)
+
+
+def test_the_stand_in_rank_allocates_what_mpi_would():
+    group = StandIn(4, rank=1)
+    x = np.arange(8, dtype=np.float16)
+    piece = group.reduce_scatter(x)
+    assert piece.dtype == np.float16 and np.array_equal(piece, x[2:4])
+    assert group.all_gather(piece).shape == (8,) and group.all_reduce(x).dtype == np.float16
+    with pytest.raises(ValueError, match=r"rank=4 of size=4; expected 0 <= rank < size"):
+        StandIn(4, rank=4)
+
+
 def test_an_unknown_lever_is_refused_naming_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown lever 'zero'; expected one of \['flash attention', "):
+    with pytest.raises(ValueError, match=r"unknown lever 'zero'; expected one of \['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'flash attention', "):
         wall.wall(sizes=((1, 32, 2),), batches=(1,), levers=("zero",))
 
 
@@ -67,4 +100,8 @@ def test_the_wall_demo_prints_every_bar_beside_its_formula_and_draws_it(tmp_path
     assert len(bars) == 8 and "8 of 8 bars equal their formula to the byte" in out
     assert "L=1 h=64 s=16 b=2 +mixed precision" in out
     assert (tmp_path / "memory_wall.png").stat().st_size > 10_000
+    assert "9 of 9 bars equal their formula to the byte" in out  # the levers, one on top of another
+    for lever in demo.LADDER:
+        assert f"\n{lever} " in out
+    assert (tmp_path / "memory_wall_levers.png").stat().st_size > 10_000
     assert ag.wall.SLICES == ("parameters", "gradients", "optimizer state", "activations")

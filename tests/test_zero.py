@@ -54,6 +54,41 @@ def test_on_four_ranks_the_stages_agree_with_one_process_within_float32_rounding
     assert rows[1]["losses"] == rows[2]["losses"] == rows[3]["losses"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks, precision", [(2, "float16"), (2, "bfloat16"), (4, "float16")])
+def test_with_mixed_precision_each_rank_holds_the_papers_bytes_measured(ranks, precision):
+    """ZeRO's Figure 1 by category: 16-bit weights and grads, float32 master shard plus Adam's m and v:
+    2Ψ + 2Ψ + 12Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d, each rank's tracemalloc count to the byte."""
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    result = run_zero(ranks, "--precision", precision)
+    assert result["precision"] == precision
+    rows = {r["stage"]: r for r in result["rows"]}
+    psi = rows[0]["psi"]
+    for stage, row in rows.items():
+        want = memory_model.zero_bytes_per_rank(psi, ranks, stage)  # mixed precision's 2 + 2 + 12 by default
+        assert row["measured"] == [want] * ranks, row
+    totals = {stage: sum(row["measured"][0].values()) for stage, row in rows.items()}
+    assert totals == {0: 16 * psi, 1: 4 * psi + 12 * psi // ranks, 2: 2 * psi + 14 * psi // ranks, 3: 16 * psi // ranks}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_with_mixed_precision_two_ranks_end_bit_identical_to_one_process(precision):
+    """MPI sums 16-bit grads in float32 and rounds back, as the one-process reference does; two addends
+    add the same in either order, and the master copies step elementwise, shard or whole."""
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    for row in run_zero(2, "--check", str(STEPS), "--precision", precision)["rows"]:
+        assert row["identical"] and row["max_abs_difference"] == 0.0, row
+        assert row["losses"][-1] < row["losses"][0]
+
+
+def test_an_unknown_precision_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"precision='int8'; expected one of \('float32', 'float16', 'bfloat16'\)"):
+        zero.dtype_of("int8")
+
+
 def test_a_zero_stage_on_one_rank_is_refused():
     with pytest.raises(ValueError, match=r"ZeRO stage 2 on 1 rank.*expected mpiexec -n N with N >= 2"):
         zero.build(SimpleNamespace(size=1, rank=0), 2, 1, 8)

@@ -4,9 +4,12 @@
     all_gather      the ranks' pieces joined, on every rank          (sequence parallelism, ZeRO-3)
     reduce_scatter  Σ over ranks, each rank keeping its 1/N          (sequence parallelism, ZeRO-2)
 
-mpi4py is imported when a Group is made, so that ag imports without MPI.
+mpi4py is imported when a Group is made, so that ag imports without MPI. ``StandIn`` is one rank of a
+group run alone, in one process, for measuring what a rank holds without mpiexec.
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,3 +72,41 @@ class Group:
         """This rank's contiguous 1/t of axis 0, as its own array (every rank holds x already)."""
         n = x.shape[0] // self.size
         return x[self.rank * n:(self.rank + 1) * n].copy()
+
+
+class StandIn(Group):
+    """Rank ``rank`` of ``size``, run alone: Group's collectives, allocating the same buffers, over a
+    communicator whose absent peers send this rank's own pieces. What a rank holds does not depend on
+    what its peers send, so its bytes measure as under mpiexec; its sums are not the group's sums."""
+
+    def __init__(self, size: int, rank: int = 0) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"StandIn: rank={rank} of size={size}; expected 0 <= rank < size")
+        self.MPI, self.comm = _ALONE, _AloneComm(size, rank)
+        self.size, self.rank = size, rank
+
+
+_ALONE = SimpleNamespace(IN_PLACE="in place", SUM="sum", MIN="min", MAX="max", BYTE="byte")
+
+
+class _AloneComm:
+    """The calls Group makes, for one rank whose peers are absent."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self.size, self.rank = size, rank
+
+    def Allreduce(self, send, receive, op) -> None:
+        pass  # in place: this rank's own values stand for the sum
+
+    def Allgather(self, send, receive=None) -> None:
+        if send is _ALONE.IN_PLACE:
+            return
+        piece, out = send[0], receive[0]
+        out.reshape((self.size,) + piece.shape)[...] = piece
+
+    def Reduce_scatter_block(self, send, out, op) -> None:
+        n = out.shape[0]
+        out[...] = send[self.rank * n:(self.rank + 1) * n]
+
+    def allreduce(self, value, op=None):
+        return value

@@ -12,6 +12,8 @@ after and sends the input's grad back.
 Both leave each stage idle for (p − 1)/(m + p − 1) of the time (``memory_model.pipeline_bubble``),
 measured two ways: in slots, a logical clock that every message carries (a forward costs 1 slot,
 a backward 2, a stage starts an action when it and the message are both there), and in seconds.
+``--work-ms w`` makes each action also wait w ms a slot (a stand-in for a large layer's compute), so that
+the seconds measure the schedule rather than the messages and a busy machine.
 
 ``mpiexec -n p python -m ag.parallel.pipeline`` prints both schedules' figures per stage.
 """
@@ -66,7 +68,7 @@ def schedule(name: str, p: int, m: int, stage: int) -> list[tuple[str, int]]:
 class Stage:
     """Stage s's layers y = tanh(x W) of an L-layer stack built from one seed (every rank draws all of them)."""
 
-    def __init__(self, group: Group, num_layers: int, h: int, seed: int = 0) -> None:
+    def __init__(self, group: Group, num_layers: int, h: int, seed: int = 0, work_seconds: float = 0.0) -> None:
         if num_layers % group.size:
             raise ValueError(f"pipeline: {num_layers} layers do not split into {group.size} stages; "
                              f"expected num_layers % p == 0")
@@ -74,7 +76,7 @@ class Stage:
         weights = [(rng.standard_normal((h, h)) / np.sqrt(h)).astype(np.float32) for _ in range(num_layers)]
         per = num_layers // group.size
         self.weights = [Tensor(w, requires_grad=True) for w in weights[group.rank * per:(group.rank + 1) * per]]
-        self.group, self.h = group, h
+        self.group, self.h, self.work_seconds = group, h, work_seconds
         self.first, self.last = group.rank == 0, group.rank == group.size - 1
 
     def forward(self, x: np.ndarray) -> tuple[Tensor, Tensor]:
@@ -136,7 +138,9 @@ def replay(stage: Stage, actions: list[tuple[str, int]], micro_batches: list[np.
 
 
 def step(stage: Stage, kind: str, j: int, message: np.ndarray, in_flight: dict) -> np.ndarray | None:
-    """One action: F_j keeps (input, output) and returns the output; B_j runs backward and returns the input's grad."""
+    """One action: F_j keeps (input, output) and returns the output; B_j runs backward and returns the input's grad.
+    Each also waits its slots' worth of ``stage.work_seconds`` (sleeping: the other ranks keep the cores)."""
+    time.sleep(SLOTS[kind] * stage.work_seconds)
     if kind == "F":
         a, out = in_flight[j] = stage.forward(message)
         return out.value
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers-per-stage", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--rows", type=int, default=64, help="rows of a micro-batch")
+    parser.add_argument("--work-ms", type=float, default=0.0, help="milliseconds each slot of work also waits")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on rank 0")
     args = parser.parse_args(argv)
     group = Group()
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(m)
         micro_batches = [rng.standard_normal((args.rows, args.hidden)).astype(np.float32) for _ in range(m)]
         for name in SCHEDULES:
-            stage = Stage(group, args.layers_per_stage * p, args.hidden)
+            stage = Stage(group, args.layers_per_stage * p, args.hidden, work_seconds=args.work_ms / 1e3)
             result = run(stage, schedule(name, p, m, group.rank), micro_batches)
             every = group.comm.gather(result, root=0)
             if group.rank == 0:
