@@ -81,11 +81,14 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
     deadline = start + time_limit
     warm = [] if relax else warm_starts(graph, budget, deadline)
+    cover = 0.0 if relax else covering_bound(graph, budget, start, time_limit, "checkmate")
+    if warm and warm[0].recompute_flops <= cover:
+        return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
     try:
         program = _Program(graph, budget, deadline)
         c, integrality, lb, ub, A, lo, hi = program.build(sparse)
     except OutOfTime:
-        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, None, "while building the MILP")
+        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
     # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
@@ -100,9 +103,9 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
             raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
                                "LP relaxation was solved; raise time_limit")
         return _round(graph, program, lp.x, lp.fun, budget, time.perf_counter() - start)
-    rounded, bound = None, None
+    rounded, bound = None, cover
     if lp.x is not None:
-        bound = max(0.0, program.unscale(lp.fun) - graph.forward_flops)
+        bound = max(cover, program.unscale(lp.fun) - graph.forward_flops)
         try:
             rounded = _round(graph, program, lp.x, lp.fun, budget, 0.0)
         except ValueError:
@@ -272,6 +275,103 @@ def lower_bound_bytes(graph: Graph) -> int:
         floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(n + j) + step.grad_bytes + held
                     + step.extra_bytes)
     return int(floor)
+
+
+def _instants(graph: Graph, budget: int) -> list[tuple[int, set[int], int]]:
+    """The instants every schedule has, as (index, the nodes it needs, the bytes it holds whatever
+    the schedule, those nodes included): stage k computing node k (index k), backward step j
+    (index n + j); only those that would not fit with every earlier node kept until its last use."""
+    n, out = graph.n, []
+    last = [-1] * n  # the last instant that needs each node
+    for k, node in enumerate(graph.nodes):
+        for d in graph.with_bases(node.deps):
+            last[d] = max(last[d], k)
+    for j, step in enumerate(graph.steps):
+        for r in graph.with_bases(step.reads):
+            last[r] = max(last[r], n + j)
+    for k, node in enumerate(graph.nodes):
+        out.append((k, graph.with_bases(node.deps) | {k}, graph.hidden_bytes_at(k) + node.hidden_bytes
+                    + node.workspace_bytes))
+    for j, step in enumerate(graph.steps):
+        out.append((n + j, graph.with_bases(step.reads), graph.hidden_bytes_at(n + j) + step.grad_bytes
+                    + step.extra_bytes))
+    kept = []
+    for index, needed, fixed in out:
+        fixed += graph.leaf_bytes + sum(graph.nodes[i].size for i in needed)
+        alive = [v for v in range(min(index, n)) if v not in needed and last[v] > index]
+        if fixed + sum(graph.nodes[v].size for v in alive) > budget:
+            kept.append((index, needed, fixed, alive))
+    return kept
+
+
+def covering_bound(graph: Graph, budget: int, start: float, time_limit: float, solver: str) -> float:
+    """``recompute_lower_bound`` in a tenth of the time limit; a clear error when it proves that
+    no schedule fits."""
+    bound = recompute_lower_bound(graph, budget, start + 0.1 * time_limit)
+    if bound == float("inf"):
+        raise ValueError(f"{solver}: no schedule fits {budget:,} bytes (some instant overflows with every "
+                         f"value it may drop dropped); the smallest feasible budget is at least "
+                         f"{lower_bound_bytes(graph):,} bytes")
+    return bound
+
+
+def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24) -> float:
+    """No schedule within ``budget`` recomputes fewer FLOPs than this. For a few instants τ that
+    every schedule has and that overflow if nothing is dropped (``_instants``), with
+    x_v = "v is computed twice or more", h_{τ,u} = "u is resident at τ" and y_{τ,u} = "u is made
+    before τ and computed again after it" (u made before τ):
+
+        minimise Σ_v flops_v x_v   subject to, at each τ:
+          memory:   fixed_τ + Σ_u size_u h_{τ,u} ≤ budget
+          needed:   h_{τ,u} + y_{τ,u} ≥ 1 for u needed after τ;   y_{τ,u} ≤ x_u
+          inputs:   h_{τ,d} + y_{τ,d} ≥ y_{τ,u} for each input d of u made before τ
+
+    Every schedule is a solution (an input of a computation after τ is resident at τ or computed
+    after it), at a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP
+    optimum bounds every schedule. Any subset of instants keeps it valid: the ``instants`` that
+    overflow most."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    chosen = sorted(_instants(graph, budget), key=lambda i: -i[2] - sum(graph.nodes[v].size for v in i[3]))
+    if not chosen:
+        return 0.0
+    n, rows, cols, vals, lo = graph.n, [], [], [], []
+    count = n  # x first, then h and y per instant
+
+    def row(entries, low):
+        for col, val in entries:
+            rows.append(len(lo))
+            cols.append(col)
+            vals.append(val)
+        lo.append(low)
+    upper = []
+    for index, needed, fixed, alive in chosen[:instants]:
+        made = range(min(index, n))
+        h = {u: count + 2 * i for i, u in enumerate(made)}
+        y = {u: count + 2 * i + 1 for i, u in enumerate(made)}
+        count += 2 * len(made)
+        row([(h[u], -graph.nodes[u].size) for u in made if u not in needed], fixed - budget)
+        for u in made:
+            row([(x, 1) for x in (h[u], y[u])], 1 if u in needed or u in alive else 0)
+            row([(u, 1), (y[u], -1)], 0)
+            for d in graph.with_bases(graph.nodes[u].deps):
+                row([(h[d], 1), (y[d], 1), (y[u], -1)], 0)
+    A = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count))
+    c = np.zeros(count)
+    c[:n] = [node.flops for node in graph.nodes]
+    problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, np.array(lo, dtype=float), np.inf))
+    lp = _highs(milp, deadline, c, integrality=np.zeros(count), **problem)
+    if lp.status == 2:
+        return float("inf")  # infeasible: no schedule fits
+    bound = float(lp.fun) if lp.x is not None else 0.0
+    remaining = deadline - time.perf_counter()
+    if remaining > 0.01:
+        result = _highs(milp, deadline, c, integrality=np.ones(count), **problem,
+                        options={"time_limit": remaining, "disp": False})
+        dual = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
+        if dual is not None and np.isfinite(dual):
+            bound = max(bound, float(dual))
+    return max(0.0, bound)
 
 
 class _Program:
