@@ -12,7 +12,7 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.checkmate import dtr_schedule, warm_starts
+from ag.remat.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
 from ag.remat.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -22,7 +22,7 @@ else:
     pytest.importorskip("ortools", reason="moccasin needs the solver extra (OR-Tools' CP-SAT)")
     pytest.importorskip("scipy", reason="checkmate needs the solver extra (scipy's HiGHS)")
 
-from test_remat_graph import plain_grads, random_dag  # noqa: E402
+from test_remat_graph import brute_force, plain_grads, random_dag  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,61 @@ def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_interva
 def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
     graph = small["residual MLP"][0]
     assert intervals_that_suffice(graph) == graph.stages - 1  # node 0 is read by the last backward step
+
+
+# ---- the covering bound: a lower bound on recompute for every schedule ----
+
+def test_the_covering_bound_is_never_above_the_brute_force_optimum_and_often_above_zero():
+    above_zero = 0
+    for seed in range(4):
+        fn, inputs = random_dag(seed, n_ops=5)
+        graph = remat.capture(fn, *inputs)
+        for budget in budgets(graph, 5)[:-1]:
+            best = brute_force(graph, budget)
+            bound = recompute_lower_bound(graph, budget)
+            if best is not None:
+                assert bound <= best * (1 + 1e-9), (seed, budget, bound, best)
+                above_zero += bound > 0
+    assert above_zero >= 3  # a bound of 0 everywhere would pass the line above and say nothing
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer"])
+def test_the_covering_bound_is_never_above_the_milps_proved_optimum_on_the_examples(small, name):
+    graph = small[name][0]
+    for budget in budgets(graph)[:-1]:
+        try:
+            milp = remat.checkmate(graph, budget, time_limit=10)
+        except (ValueError, TimeoutError):
+            continue  # nothing fits, or nothing found in time: no optimum to compare
+        if milp.status == "optimal":
+            assert recompute_lower_bound(graph, budget) <= milp.recompute_flops * (1 + 1e-9), budget
+
+
+def test_at_the_u_nets_middle_budget_the_covering_bound_alone_proves_the_optimum(small):
+    graph = small["U-Net"][0]
+    budget = budgets(graph)[2]
+    milp = remat.checkmate(graph, budget, time_limit=30)
+    assert milp.status == "optimal" and milp.recompute_flops > 0
+    assert recompute_lower_bound(graph, budget) == pytest.approx(milp.recompute_flops, rel=1e-6)
+
+
+def test_with_too_few_intervals_moccasin_still_reports_a_bound_for_every_schedule(small):
+    graph = small["transformer"][0]
+    budget = budgets(graph)[2]
+    assert intervals_that_suffice(graph) > 2
+    found = remat.moccasin(graph, budget, intervals=2, time_limit=20)
+    milp = remat.checkmate(graph, budget, time_limit=30)
+    assert milp.status == "optimal"
+    assert 0 < found.lower_bound <= milp.recompute_flops and found.gap < 1
+
+
+@pytest.mark.parametrize("solver", ["moccasin", "checkmate"])
+def test_a_warm_start_that_meets_the_bound_is_proved_optimal_without_a_search(big, solver):
+    graph, _ = big
+    loose = budgets(graph)[-1]  # the no-remat peak: "none" fits and costs nothing
+    found = getattr(remat, solver)(graph, loose, time_limit=30)
+    assert found.status == "optimal" and found.gap == 0 and found.recompute_flops == 0
+    assert found.solve_seconds < 15  # HiGHS alone runs out its 30 s here without proving it
 
 
 # ---- schedules that run ----

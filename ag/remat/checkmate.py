@@ -81,7 +81,8 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
     deadline = start + time_limit
     warm = [] if relax else warm_starts(graph, budget, deadline)
-    cover = 0.0 if relax else covering_bound(graph, budget, start, time_limit, "checkmate")
+    # the covering bound in a tenth of the time: a warm start that meets it needs no MILP
+    cover = 0.0 if relax else recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
     if warm and warm[0].recompute_flops <= cover:
         return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
     try:
@@ -145,7 +146,7 @@ def _highs(milp, deadline: float, *args, **kwargs):
     child.start()
     sender.close()
     try:
-        if receiver.poll(max(0.0, deadline - time.perf_counter())):
+        if receiver.poll(None if deadline == float("inf") else max(0.0, deadline - time.perf_counter())):
             return receiver.recv()
         return SimpleNamespace(status=1, x=None, fun=None, mip_dual_bound=None)
     except EOFError:  # the child died without an answer
@@ -304,17 +305,6 @@ def _instants(graph: Graph, budget: int) -> list[tuple[int, set[int], int]]:
     return kept
 
 
-def covering_bound(graph: Graph, budget: int, start: float, time_limit: float, solver: str) -> float:
-    """``recompute_lower_bound`` in a tenth of the time limit; a clear error when it proves that
-    no schedule fits."""
-    bound = recompute_lower_bound(graph, budget, start + 0.1 * time_limit)
-    if bound == float("inf"):
-        raise ValueError(f"{solver}: no schedule fits {budget:,} bytes (some instant overflows with every "
-                         f"value it may drop dropped); the smallest feasible budget is at least "
-                         f"{lower_bound_bytes(graph):,} bytes")
-    return bound
-
-
 def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24) -> float:
     """No schedule within ``budget`` recomputes fewer FLOPs than this. For a few instants τ that
     every schedule has and that overflow if nothing is dropped (``_instants``), with
@@ -334,9 +324,29 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     from scipy.optimize import Bounds, LinearConstraint, milp
     chosen = sorted(_instants(graph, budget), key=lambda i: -i[2] - sum(graph.nodes[v].size for v in i[3]))
     if not chosen:
+        return 0.0  # nothing overflows: the no-recompute schedule fits
+    try:
+        c, A, lo = _covering_program(graph, chosen[:instants], budget, sparse, deadline)
+    except OutOfTime:
         return 0.0
+    problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, lo, np.inf))
+    lp = _highs(milp, deadline, c, integrality=np.zeros(len(c)), **problem)
+    if lp.status == 2:
+        return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
+    bound = float(lp.fun) if lp.x is not None else 0.0
+    remaining = deadline - time.perf_counter()
+    if remaining > 0.01:
+        result = _highs(milp, deadline, c, integrality=np.ones(len(c)), **problem,
+                        options={"time_limit": remaining, "disp": False})
+        dual = getattr(result, "mip_dual_bound", None)  # not ``fun``: HiGHS stops within a relative gap
+        if dual is not None and np.isfinite(dual):
+            bound = max(bound, float(dual))
+    return max(0.0, bound)
+
+
+def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
+    """(c, A, lo) of ``recompute_lower_bound``'s program, A x ≥ lo: x first, then h and y per instant."""
     n, rows, cols, vals, lo = graph.n, [], [], [], []
-    count = n  # x first, then h and y per instant
 
     def row(entries, low):
         for col, val in entries:
@@ -344,34 +354,22 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
             cols.append(col)
             vals.append(val)
         lo.append(low)
-    upper = []
-    for index, needed, fixed, alive in chosen[:instants]:
+    count = n
+    for index, needed, fixed, alive in chosen:
+        check_deadline(deadline)
         made = range(min(index, n))
         h = {u: count + 2 * i for i, u in enumerate(made)}
         y = {u: count + 2 * i + 1 for i, u in enumerate(made)}
         count += 2 * len(made)
         row([(h[u], -graph.nodes[u].size) for u in made if u not in needed], fixed - budget)
         for u in made:
-            row([(x, 1) for x in (h[u], y[u])], 1 if u in needed or u in alive else 0)
+            row([(h[u], 1), (y[u], 1)], 1 if u in needed or u in alive else 0)
             row([(u, 1), (y[u], -1)], 0)
             for d in graph.with_bases(graph.nodes[u].deps):
                 row([(h[d], 1), (y[d], 1), (y[u], -1)], 0)
-    A = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count))
     c = np.zeros(count)
     c[:n] = [node.flops for node in graph.nodes]
-    problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, np.array(lo, dtype=float), np.inf))
-    lp = _highs(milp, deadline, c, integrality=np.zeros(count), **problem)
-    if lp.status == 2:
-        return float("inf")  # infeasible: no schedule fits
-    bound = float(lp.fun) if lp.x is not None else 0.0
-    remaining = deadline - time.perf_counter()
-    if remaining > 0.01:
-        result = _highs(milp, deadline, c, integrality=np.ones(count), **problem,
-                        options={"time_limit": remaining, "disp": False})
-        dual = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
-        if dual is not None and np.isfinite(dual):
-            bound = max(bound, float(dual))
-    return max(0.0, bound)
+    return c, sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count)), np.array(lo, dtype=float)
 
 
 class _Program:

@@ -41,8 +41,8 @@ import time
 
 import numpy as np
 
-from .checkmate import (OutOfTime, check_deadline, covering_bound, lower_bound_bytes, need_until, warm_starts,
-                        with_bound)
+from .checkmate import (OutOfTime, check_deadline, lower_bound_bytes, need_until, recompute_lower_bound,
+                        warm_starts, with_bound)
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
@@ -61,14 +61,14 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     budget = _checked(graph, budget_bytes, intervals, time_limit)
     deadline = start + time_limit
     warm = warm_starts(graph, budget, deadline)
-    cover = covering_bound(graph, budget, start, time_limit, "moccasin")
+    cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
     found, interval_bound, proved, infeasible = None, None, False, False
     if not (warm and warm[0].recompute_flops <= cover):  # else the warm start is proved optimal
         try:
             program = _Program(graph, budget, intervals, cp_model, deadline)
             program.at_least(cover)
             program.hint(warm)
-            found, interval_bound, proved = program.solve(deadline)
+            found, interval_bound, proved = program.solve(deadline - 0.02 * time_limit)  # the rest: reading back
             infeasible = program.infeasible
         except OutOfTime:
             pass
