@@ -133,24 +133,16 @@ def test_the_covering_bound_is_never_above_the_brute_force_optimum_and_often_abo
     assert above_zero >= 3  # a bound of 0 everywhere would pass the line above and say nothing
 
 
-@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer"])
-def test_the_covering_bound_is_never_above_the_milps_proved_optimum_on_the_examples(small, name):
-    graph = small[name][0]
-    for budget in budgets(graph)[:-1]:
-        try:
-            milp = remat.checkmate(graph, budget, time_limit=10)
-        except (ValueError, TimeoutError):
-            continue  # nothing fits, or nothing found in time: no optimum to compare
-        if milp.status == "optimal":
-            assert recompute_lower_bound(graph, budget) <= milp.recompute_flops * (1 + 1e-9), budget
-
-
-def test_at_the_u_nets_middle_budget_the_covering_bound_alone_proves_the_optimum(small):
+def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):
+    """CP-SAT proves the 2-interval optimum without the bound; a valid bound equal to it is the
+    optimum over every schedule."""
     graph = small["U-Net"][0]
     budget = budgets(graph)[2]
-    milp = remat.checkmate(graph, budget, time_limit=30)
-    assert milp.status == "optimal" and milp.recompute_flops > 0
-    assert recompute_lower_bound(graph, budget) == pytest.approx(milp.recompute_flops, rel=1e-6)
+    monkeypatch.setattr(sys.modules["ag.remat.moccasin"], "recompute_lower_bound", lambda *args: 0.0)
+    two = remat.moccasin(graph, budget, intervals=2, time_limit=30)
+    monkeypatch.undo()
+    assert two.proved_within_intervals and two.recompute_flops > 0
+    assert recompute_lower_bound(graph, budget) == pytest.approx(two.recompute_flops, rel=1e-6)
 
 
 def test_with_too_few_intervals_moccasin_still_reports_a_bound_for_every_schedule(small):
@@ -158,18 +150,20 @@ def test_with_too_few_intervals_moccasin_still_reports_a_bound_for_every_schedul
     budget = budgets(graph)[2]
     assert intervals_that_suffice(graph) > 2
     found = remat.moccasin(graph, budget, intervals=2, time_limit=20)
-    milp = remat.checkmate(graph, budget, time_limit=30)
-    assert milp.status == "optimal"
-    assert 0 < found.lower_bound <= milp.recompute_flops and found.gap < 1
+    assert found.recompute_flops > 0 and not found.proved_within_intervals or found.status == "optimal"
+    assert 0 < found.lower_bound <= recompute_lower_bound(graph, budget) * (1 + 1e-9) and found.gap < 1
 
 
 @pytest.mark.parametrize("solver", ["moccasin", "checkmate"])
-def test_a_warm_start_that_meets_the_bound_is_proved_optimal_without_a_search(big, solver):
+def test_a_warm_start_that_meets_the_bound_is_proved_optimal_without_a_search(big, solver, monkeypatch):
     graph, _ = big
     loose = budgets(graph)[-1]  # the no-remat peak: "none" fits and costs nothing
+
+    def no_search(*args):
+        raise AssertionError("the solver built its program")
+    monkeypatch.setattr(sys.modules[f"ag.remat.{solver}"], "_Program", no_search)
     found = getattr(remat, solver)(graph, loose, time_limit=30)
     assert found.status == "optimal" and found.gap == 0 and found.recompute_flops == 0
-    assert found.solve_seconds < 15  # HiGHS alone runs out its 30 s here without proving it
 
 
 # ---- schedules that run ----

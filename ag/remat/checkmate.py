@@ -26,8 +26,9 @@ C_t is the leaves, the closures' arrays and the grads alive at that backward ste
 approximation does: S is rounded at several thresholds, R is then whatever those S need
 (``keep.complete``), and the cheapest rounding within the budget wins.
 
-The MILP is solved after its LP relaxation, whose optimum bounds the recompute from below and
-whose rounding is an incumbent. ``time_limit`` is wall time from the call, building included:
+The MILP is solved after ``recompute_lower_bound`` (a covering program over a few instants: a
+bound above 0 where the LP's is 0; a warm start that meets it needs no MILP) and the LP
+relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent. ``time_limit`` is wall time from the call, building included:
 when it stops HiGHS (or the building), the best of its schedule, the rounding and the warm
 starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
 returned as "feasible", with the gap to the best bound.
@@ -90,6 +91,10 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
         c, integrality, lb, ub, A, lo, hi = program.build(sparse)
     except OutOfTime:
         return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
+    if cover > 0:  # the covering bound as a cut on the objective: HiGHS' own bound starts there
+        A = sparse.vstack([A, sparse.csr_matrix(c)]).tocsr()
+        lo = np.append(lo, (cover * (1 - 1e-6) + graph.forward_flops) / program.scale)
+        hi = np.append(hi, np.inf)
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
     # the time left at most, when the MILP follows: HiGHS reads its clock between iterations

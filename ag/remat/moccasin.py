@@ -34,6 +34,8 @@ When C suffices: C_v = need_until(v) - v + 1 (the stages that may compute v). A 
 node at most once, so with that many every Checkmate schedule is an assignment of these variables
 and the optima are equal. With fewer, the optimum is over the schedules that compute no node more
 than C times, and only then is CP-SAT's bound a bound for every schedule (C = 1: no recomputation).
+The covering bound (``checkmate.recompute_lower_bound``) is one for every C: the objective is
+constrained to it, and a warm start that meets it is optimal with no search.
 """
 from __future__ import annotations
 
