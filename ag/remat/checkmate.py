@@ -28,8 +28,9 @@ approximation does: S is rounded at several thresholds, R is then whatever those
 
 The MILP is solved after ``recompute_lower_bound`` (a covering program over a few instants: a
 bound above 0 where the LP's is 0; a warm start that meets it needs no MILP) and the LP
-relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent. ``time_limit`` is wall time from the call, building included:
-when it stops HiGHS (or the building), the best of its schedule, the rounding and the warm
+relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent.
+``time_limit`` is wall time from the call, building included: when it stops HiGHS (or the
+building), the best of its schedule, the rounding and the warm
 starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
 returned as "feasible", with the gap to the best bound.
 """
@@ -83,7 +84,8 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     deadline = start + time_limit
     warm = [] if relax else warm_starts(graph, budget, deadline)
     # the covering bound in a tenth of the time: a warm start that meets it needs no MILP
-    cover = 0.0 if relax else recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
+    bound_deadline = min(deadline, time.perf_counter() + 0.1 * time_limit)
+    cover = 0.0 if relax else recompute_lower_bound(graph, budget, bound_deadline)
     if warm and warm[0].recompute_flops <= cover:
         return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
     try:
@@ -283,7 +285,7 @@ def lower_bound_bytes(graph: Graph) -> int:
     return int(floor)
 
 
-def _instants(graph: Graph, budget: int) -> list[tuple[int, set[int], int]]:
+def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set[int], int]]:
     """The instants every schedule has, as (index, the nodes it needs, the bytes it holds whatever
     the schedule, those nodes included): stage k computing node k (index k), backward step j
     (index n + j); only those that would not fit with every earlier node kept until its last use."""
@@ -303,6 +305,7 @@ def _instants(graph: Graph, budget: int) -> list[tuple[int, set[int], int]]:
                     + step.extra_bytes))
     kept = []
     for index, needed, fixed in out:
+        check_deadline(deadline)
         fixed += graph.leaf_bytes + sum(graph.nodes[i].size for i in needed)
         alive = [v for v in range(min(index, n)) if v not in needed and last[v] > index]
         if fixed + sum(graph.nodes[v].size for v in alive) > budget:
@@ -327,13 +330,14 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     overflow most."""
     from scipy import sparse
     from scipy.optimize import Bounds, LinearConstraint, milp
-    chosen = sorted(_instants(graph, budget), key=lambda i: -i[2] - sum(graph.nodes[v].size for v in i[3]))
-    if not chosen:
-        return 0.0  # nothing overflows: the no-recompute schedule fits
     try:
+        chosen = sorted(_instants(graph, budget, deadline), key=lambda i: -i[2] - sum(graph.nodes[v].size
+                                                                                     for v in i[3]))
+        if not chosen:
+            return 0.0  # nothing overflows: the no-recompute schedule fits
         c, A, lo = _covering_program(graph, chosen[:instants], budget, sparse, deadline)
     except OutOfTime:
-        return 0.0
+        return 0.0  # the trivial bound
     problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, lo, np.inf))
     lp = _highs(milp, deadline, c, integrality=np.zeros(len(c)), **problem)
     if lp.status == 2:
