@@ -93,10 +93,6 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
         c, integrality, lb, ub, A, lo, hi = program.build(sparse)
     except OutOfTime:
         return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
-    if cover > 0:  # the covering bound as a cut on the objective: HiGHS' own bound starts there
-        A = sparse.vstack([A, sparse.csr_matrix(c)]).tocsr()
-        lo = np.append(lo, (cover * (1 - 1e-6) + graph.forward_flops) / program.scale)
-        hi = np.append(hi, np.inf)
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
     # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
