@@ -12,7 +12,7 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.graphs.checkmate import dtr_schedule, warm_starts
+from ag.remat.graphs.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -22,7 +22,7 @@ else:
     pytest.importorskip("ortools", reason="moccasin needs the solver extra (OR-Tools' CP-SAT)")
     pytest.importorskip("scipy", reason="checkmate needs the solver extra (scipy's HiGHS)")
 
-from test_remat_graph import plain_grads, random_dag  # noqa: E402
+from test_remat_graph import brute_force, plain_grads, random_dag  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,55 @@ def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_interva
 def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
     graph = small["residual MLP"][0]
     assert intervals_that_suffice(graph) == graph.stages - 1  # node 0 is read by the last backward step
+
+
+# ---- the covering bound: a lower bound on recompute for every schedule ----
+
+def test_the_covering_bound_is_never_above_the_brute_force_optimum_and_often_above_zero():
+    above_zero = 0
+    for seed in range(4):
+        fn, inputs = random_dag(seed, n_ops=5)
+        graph = remat.capture(fn, *inputs)
+        for budget in budgets(graph, 5)[:-1]:
+            best = brute_force(graph, budget)
+            bound = recompute_lower_bound(graph, budget)
+            if best is not None:
+                assert bound <= best * (1 + 1e-9), (seed, budget, bound, best)
+                above_zero += bound > 0
+    assert above_zero >= 3  # a bound of 0 everywhere would pass the line above and say nothing
+
+
+def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):
+    """CP-SAT proves the 2-interval optimum without the bound; a valid bound equal to it is the
+    optimum over every schedule."""
+    graph = small["U-Net"][0]
+    budget = budgets(graph)[2]
+    monkeypatch.setattr(sys.modules["ag.remat.graphs.moccasin"], "recompute_lower_bound", lambda *args: 0.0)
+    two = remat.moccasin(graph, budget, intervals=2, time_limit=30)
+    monkeypatch.undo()
+    assert two.proved_within_intervals and two.recompute_flops > 0
+    assert recompute_lower_bound(graph, budget) == pytest.approx(two.recompute_flops, rel=1e-6)
+
+
+def test_with_too_few_intervals_moccasin_still_reports_a_bound_for_every_schedule(small):
+    graph = small["transformer"][0]
+    budget = budgets(graph)[2]
+    assert intervals_that_suffice(graph) > 2
+    found = remat.moccasin(graph, budget, intervals=2, time_limit=20)
+    assert found.recompute_flops > 0 and not found.proved_within_intervals or found.status == "optimal"
+    assert 0 < found.lower_bound <= recompute_lower_bound(graph, budget) * (1 + 1e-9) and found.gap < 1
+
+
+@pytest.mark.parametrize("solver", ["moccasin", "checkmate"])
+def test_a_warm_start_that_meets_the_bound_is_proved_optimal_without_a_search(big, solver, monkeypatch):
+    graph, _ = big
+    loose = budgets(graph)[-1]  # the no-remat peak: "none" fits and costs nothing
+
+    def no_search(*args):
+        raise AssertionError("the solver built its program")
+    monkeypatch.setattr(sys.modules[f"ag.remat.graphs.{solver}"], "_Program", no_search)
+    found = getattr(remat, solver)(graph, loose, time_limit=30)
+    assert found.status == "optimal" and found.gap == 0 and found.recompute_flops == 0
 
 
 # ---- schedules that run ----

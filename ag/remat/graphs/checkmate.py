@@ -26,9 +26,11 @@ C_t is the leaves, the closures' arrays and the grads alive at that backward ste
 approximation does: S is rounded at several thresholds, R is then whatever those S need
 (``keep.complete``), and the cheapest rounding within the budget wins.
 
-The MILP is solved after its LP relaxation, whose optimum bounds the recompute from below and
-whose rounding is an incumbent. ``time_limit`` is wall time from the call, building included:
-when it stops HiGHS (or the building), the best of its schedule, the rounding and the warm
+The MILP is solved after ``recompute_lower_bound`` (a covering program over a few instants: a
+bound above 0 where the LP's is 0; a warm start that meets it needs no MILP) and the LP
+relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent.
+``time_limit`` is wall time from the call, building included: when it stops HiGHS (or the
+building), the best of its schedule, the rounding and the warm
 starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
 returned as "feasible", with the gap to the best bound.
 """
@@ -83,11 +85,16 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
     deadline = start + time_limit
     warm = [] if relax else warm_starts(graph, budget, deadline)
+    # the covering bound in a tenth of the time: a warm start that meets it needs no MILP
+    bound_deadline = min(deadline, time.perf_counter() + 0.1 * time_limit)
+    cover = 0.0 if relax else recompute_lower_bound(graph, budget, bound_deadline)
+    if warm and warm[0].recompute_flops <= cover:
+        return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
     try:
         program = _Program(graph, budget, deadline)
         c, integrality, lb, ub, A, lo, hi = program.build(sparse)
     except OutOfTime:
-        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, None, "while building the MILP")
+        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
     problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
     # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
     # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
@@ -102,9 +109,9 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
             raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
                                "LP relaxation was solved; raise time_limit")
         return _round(graph, program, lp.x, lp.fun, budget, time.perf_counter() - start)
-    rounded, bound = None, None
+    rounded, bound = None, cover
     if lp.x is not None:
-        bound = max(0.0, program.unscale(lp.fun) - graph.forward_flops)
+        bound = max(cover, program.unscale(lp.fun) - graph.forward_flops)
         try:
             rounded = _round(graph, program, lp.x, lp.fun, budget, 0.0)
         except ValueError:
@@ -144,7 +151,7 @@ def _highs(milp, deadline: float, *args, **kwargs):
     child.start()
     sender.close()
     try:
-        if receiver.poll(max(0.0, deadline - time.perf_counter())):
+        if receiver.poll(None if deadline == float("inf") else max(0.0, deadline - time.perf_counter())):
             return receiver.recv()
         return SimpleNamespace(status=1, x=None, fun=None, mip_dual_bound=None)
     except EOFError:  # the child died without an answer
@@ -274,6 +281,102 @@ def lower_bound_bytes(graph: Graph) -> int:
         floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(n + j) + step.grad_bytes + held
                     + step.extra_bytes)
     return int(floor)
+
+
+def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set[int], int]]:
+    """The instants every schedule has, as (index, the nodes it needs, the bytes it holds whatever
+    the schedule, those nodes included): stage k computing node k (index k), backward step j
+    (index n + j); only those that would not fit with every earlier node kept until its last use."""
+    n, out = graph.n, []
+    last = [-1] * n  # the last instant that needs each node
+    for k, node in enumerate(graph.nodes):
+        for d in graph.with_bases(node.deps):
+            last[d] = max(last[d], k)
+    for j, step in enumerate(graph.steps):
+        for r in graph.with_bases(step.reads):
+            last[r] = max(last[r], n + j)
+    for k, node in enumerate(graph.nodes):
+        out.append((k, graph.with_bases(node.deps) | {k}, graph.hidden_bytes_at(k) + node.hidden_bytes
+                    + node.workspace_bytes))
+    for j, step in enumerate(graph.steps):
+        out.append((n + j, graph.with_bases(step.reads), graph.hidden_bytes_at(n + j) + step.grad_bytes
+                    + step.extra_bytes))
+    kept = []
+    for index, needed, fixed in out:
+        check_deadline(deadline)
+        fixed += graph.leaf_bytes + sum(graph.nodes[i].size for i in needed)
+        alive = [v for v in range(min(index, n)) if v not in needed and last[v] > index]
+        if fixed + sum(graph.nodes[v].size for v in alive) > budget:
+            kept.append((index, needed, fixed, alive))
+    return kept
+
+
+def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24) -> float:
+    """No schedule within ``budget`` recomputes fewer FLOPs than this. For a few instants τ that
+    every schedule has and that overflow if nothing is dropped (``_instants``), with
+    x_v = "v is computed twice or more", h_{τ,u} = "u is resident at τ" and y_{τ,u} = "u is made
+    before τ and computed again after it" (u made before τ):
+
+        minimise Σ_v flops_v x_v   subject to, at each τ:
+          memory:   fixed_τ + Σ_u size_u h_{τ,u} ≤ budget
+          needed:   h_{τ,u} + y_{τ,u} ≥ 1 for u needed after τ;   y_{τ,u} ≤ x_u
+          inputs:   h_{τ,d} + y_{τ,d} ≥ y_{τ,u} for each input d of u made before τ
+
+    Every schedule is a solution (an input of a computation after τ is resident at τ or computed
+    after it), at a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP
+    optimum bounds every schedule. Any subset of instants keeps it valid: the ``instants`` that
+    overflow most."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    try:
+        chosen = sorted(_instants(graph, budget, deadline), key=lambda i: -i[2] - sum(graph.nodes[v].size
+                                                                                     for v in i[3]))
+        if not chosen:
+            return 0.0  # nothing overflows: the no-recompute schedule fits
+        c, A, lo = _covering_program(graph, chosen[:instants], budget, sparse, deadline)
+    except OutOfTime:
+        return 0.0  # the trivial bound
+    problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, lo, np.inf))
+    lp = _highs(milp, deadline, c, integrality=np.zeros(len(c)), **problem)
+    if lp.status == 2:
+        return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
+    bound = float(lp.fun) if lp.x is not None else 0.0
+    remaining = deadline - time.perf_counter()
+    if remaining > 0.01:
+        result = _highs(milp, deadline, c, integrality=np.ones(len(c)), **problem,
+                        options={"time_limit": remaining, "disp": False})
+        dual = getattr(result, "mip_dual_bound", None)  # not ``fun``: HiGHS stops within a relative gap
+        if dual is not None and np.isfinite(dual):
+            bound = max(bound, float(dual))
+    return max(0.0, bound)
+
+
+def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
+    """(c, A, lo) of ``recompute_lower_bound``'s program, A x ≥ lo: x first, then h and y per instant."""
+    n, rows, cols, vals, lo = graph.n, [], [], [], []
+
+    def row(entries, low):
+        for col, val in entries:
+            rows.append(len(lo))
+            cols.append(col)
+            vals.append(val)
+        lo.append(low)
+    count = n
+    for index, needed, fixed, alive in chosen:
+        check_deadline(deadline)
+        made = range(min(index, n))
+        h = {u: count + 2 * i for i, u in enumerate(made)}
+        y = {u: count + 2 * i + 1 for i, u in enumerate(made)}
+        count += 2 * len(made)
+        row([(h[u], -graph.nodes[u].size) for u in made if u not in needed], fixed - budget)
+        for u in made:
+            row([(h[u], 1), (y[u], 1)], 1 if u in needed or u in alive else 0)
+            row([(u, 1), (y[u], -1)], 0)
+            for d in graph.with_bases(graph.nodes[u].deps):
+                row([(h[d], 1), (y[d], 1), (y[u], -1)], 0)
+    c = np.zeros(count)
+    c[:n] = [node.flops for node in graph.nodes]
+    return c, sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count)), np.array(lo, dtype=float)
 
 
 class _Program:

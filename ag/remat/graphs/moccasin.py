@@ -34,6 +34,8 @@ When C suffices: C_v = need_until(v) - v + 1 (the stages that may compute v). A 
 node at most once, so with that many every Checkmate schedule is an assignment of these variables
 and the optima are equal. With fewer, the optimum is over the schedules that compute no node more
 than C times, and only then is CP-SAT's bound a bound for every schedule (C = 1: no recomputation).
+The covering bound (``checkmate.recompute_lower_bound``) is one for every C: the objective is
+constrained to it, and a warm start that meets it is optimal with no search.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ import time
 
 import numpy as np
 
-from .checkmate import OutOfTime, need_until, with_bound, check_deadline, lower_bound_bytes, warm_starts
+from .checkmate import (OutOfTime, check_deadline, lower_bound_bytes, need_until, recompute_lower_bound,
+                        warm_starts, with_bound)
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
@@ -60,14 +63,17 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     budget = _checked(graph, budget_bytes, intervals, time_limit)
     deadline = start + time_limit
     warm = warm_starts(graph, budget, deadline)
-    infeasible = False
-    try:
-        program = _Program(graph, budget, intervals, cp_model, deadline)
-        program.hint(warm)
-        found, interval_bound, proved = program.solve(deadline)
-        infeasible = program.infeasible
-    except OutOfTime:
-        found, interval_bound, proved = None, None, False
+    cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
+    found, interval_bound, proved, infeasible = None, None, False, False
+    if not (warm and warm[0].recompute_flops <= cover):  # else the warm start is proved optimal
+        try:
+            program = _Program(graph, budget, intervals, cp_model, deadline)
+            program.at_least(cover)
+            program.hint(warm)
+            found, interval_bound, proved = program.solve(deadline - 0.02 * time_limit)  # the rest: reading back
+            infeasible = program.infeasible
+        except OutOfTime:
+            pass
     seconds = time.perf_counter() - start
     best = cheapest_within([found, *warm], budget)
     if best is None and infeasible:
@@ -77,7 +83,7 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     if best is None:
         raise TimeoutError(f"moccasin: the time limit of {time_limit} s ended before CP-SAT found any schedule "
                            f"for {graph.n} nodes at {budget:,} bytes, and no warm start fits; raise time_limit")
-    schedule = _reported(graph, best, budget, seconds, intervals, interval_bound, proved and best is found)
+    schedule = _reported(graph, best, budget, seconds, intervals, interval_bound, proved and best is found, cover)
     schedule.found_by = "CP-SAT" if best is found else f"warm start ({best.planner})"
     return schedule
 
@@ -114,15 +120,16 @@ def intervals_that_suffice(graph: Graph) -> int:
 
 
 def _reported(graph: Graph, best: Schedule, budget: int, seconds: float, intervals: int,
-              interval_bound: float | None, proved: bool) -> Schedule:
+              interval_bound: float | None, proved: bool, cover: float) -> Schedule:
     """``best`` as moccasin's answer, with its bounds: CP-SAT's among C-interval schedules, and
-    for every schedule (CP-SAT's own when C suffices, else only the trivial 0)."""
+    for every schedule (the covering bound ``cover``, or CP-SAT's own when C suffices)."""
     schedule = Schedule(graph, best.R, best.S, "moccasin", budget, "feasible", solve_seconds=seconds)
     suffices = intervals >= intervals_that_suffice(graph)
     schedule.intervals = intervals
+    proved = proved or schedule.recompute_flops <= cover
     schedule.interval_bound = float(schedule.recompute_flops) if proved else interval_bound
     schedule.proved_within_intervals = proved
-    with_bound(schedule, schedule.interval_bound if suffices else None)
+    with_bound(schedule, max(cover, schedule.interval_bound or 0.0) if suffices else cover)
     if schedule.gap == 0:
         schedule.status = "optimal"
     return schedule
@@ -148,7 +155,8 @@ class _Program:
         self._backward_steps()
         self._views()
         self._memory(budget)
-        self.model.minimize(sum(graph.nodes[v].flops * a for v in range(self.n) for a in self.a[v][1:]))
+        self.objective = sum(graph.nodes[v].flops * a for v in range(self.n) for a in self.a[v][1:])
+        self.model.minimize(self.objective)
 
     def B(self, t):
         return self.width * t
@@ -254,6 +262,13 @@ class _Program:
                 yield self.B(t), self.B(t + 1), step.grad_bytes
             if step.extra_bytes:
                 yield self.B(t) + n + 1, self.B(t) + n + 2, step.extra_bytes
+
+    def at_least(self, bound: float) -> None:
+        """A redundant constraint: the objective is at least a bound valid for every schedule
+        (CP-SAT's own bound starts there; rounded down against HiGHS' tolerances)."""
+        floor = int(bound * (1 - 1e-6))
+        if floor > 0:
+            self.model.add(self.objective >= floor)
 
     def hint(self, schedules: list[Schedule]) -> None:
         """CP-SAT's warm start: the first of ``schedules`` that computes no node more than C times."""
