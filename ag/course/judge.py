@@ -9,9 +9,9 @@ nothing it patches, prints or exits with reaches a verdict.
 It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytest collects the
 tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
 worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
-fails, the next starts afresh), and records each test's result. A test file may bound its
-exercise's worker tighter than the sandbox does (``WORKER_ADDRESS_SPACE``, bytes), so that a probe
-size is decisive; a probe several tests share runs once (``worker.once``). The results are written only
+fails, the next starts afresh), and records each test's result. A test file may bound what its
+exercise's worker maps beyond its own start (``WORKER_HEADROOM``, bytes), so that a probe
+size is decisive on any machine; a probe several tests share runs once (``worker.once``). The results are written only
 after every worker process is gone. A submission has a wall-clock budget on top of the per-test
 timeout: once it is spent, the test running fails and the ones after it fail at once, each saying so.
 """
@@ -60,7 +60,7 @@ class Session:
         self.order: list[str] = []
         self.results: dict[str, dict] = {}
         self.probes_per_exercise: dict[int, int] = {}
-        self.address_space: dict[int, int] = {}  # the exercises whose test files bound their worker tighter
+        self.headroom: dict[int, int] = {}  # the exercises whose test files bound their worker's memory
         self.once: dict[str, tuple[bool, object]] = {}  # worker.once's data (or failure) by probe and arguments
         self.worker: Worker | None = None
         self.worker_exercise = None
@@ -87,14 +87,14 @@ class Session:
         self.order = [item.nodeid for item in items]
 
     def _bound(self, exercise, item) -> None:
-        """Take the test file's ``WORKER_ADDRESS_SPACE``, if any: the exercise's worker gets the least named."""
-        limit = getattr(getattr(item, "module", None), "WORKER_ADDRESS_SPACE", None)
+        """Take the test file's ``WORKER_HEADROOM``, if any: the exercise's worker gets the least named."""
+        limit = getattr(getattr(item, "module", None), "WORKER_HEADROOM", None)
         if limit is None:
             return
         if type(limit) is not int or not 0 < limit <= ADDRESS_SPACE:
-            raise pytest.UsageError(f"{item.path.name}: WORKER_ADDRESS_SPACE must be a number of bytes from 1 to "
+            raise pytest.UsageError(f"{item.path.name}: WORKER_HEADROOM must be a number of bytes from 1 to "
                                     f"{ADDRESS_SPACE:,} (the sandbox's own limit), got {limit!r}")
-        self.address_space[exercise.number] = min(limit, self.address_space.get(exercise.number, limit))
+        self.headroom[exercise.number] = min(limit, self.headroom.get(exercise.number, limit))
 
     def run_probe(self, exercise, probe, args, kwargs):
         """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot,
@@ -130,11 +130,11 @@ class Session:
             self.worker = None
         if self.worker is None:
             try:
-                worker = Worker(payload.worker_files(exercise, self.submission, self.tests),
-                                {"exercise": exercise.number}, label=f"your {exercise.filename}",
-                                timeout=min(self.timeout, self._left()), slot=self.slot, hide=self.secrets,
-                                probes=self.probes_per_exercise.get(exercise.number, 1),
-                                address_space=self.address_space.get(exercise.number, ADDRESS_SPACE))
+                options = {"exercise": exercise.number, "headroom": self.headroom.get(exercise.number)}
+                worker = Worker(payload.worker_files(exercise, self.submission, self.tests), options,
+                                label=f"your {exercise.filename}", timeout=min(self.timeout, self._left()),
+                                slot=self.slot, hide=self.secrets,
+                                probes=self.probes_per_exercise.get(exercise.number, 1))
                 worker.start()
             except StudentError as error:
                 self.broken[exercise.number] = str(error)
