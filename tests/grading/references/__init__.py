@@ -34,19 +34,22 @@ def qkv(n_q, n_k, h, h_kv, d=8, seed=0):
 
 
 def _probabilities(q, k, causal):
-    """P = softmax(QKᵀ/√d + mask) per query head (k shared across each GQA group), and lse."""
+    """P = softmax(QKᵀ/√d + mask) per query head (k shared across each GQA group), and lse; one
+    array of P's size, worked in place (the judge computes the long runs' P whole)."""
     group = q.shape[-3] // k.shape[-3]
     k = np.repeat(k, group, axis=-3)
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2)
+    s /= np.sqrt(q.shape[-1])
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal:
         offset = n_k - n_q if causal == "bottom_right" else 0
-        s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset, s, -np.inf)
+        s[..., np.arange(n_k)[None, :] > np.arange(n_q)[:, None] + offset] = -np.inf
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(s - m)
+    s -= m
+    e = np.exp(s, out=s)
     l = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    p = np.divide(e, l, out=e, where=l > 0)  # a row that sees nothing is e^-inf = 0 throughout
     with np.errstate(divide="ignore"):
         lse = (m + np.log(l))[..., 0]
     return p, lse, group
@@ -64,7 +67,9 @@ def attention_grads(q, k, v, do, causal=False):
     p, _, group = _probabilities(q, k, causal)
     kr, vr = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
     o = p @ vr
-    ds = p * (do @ np.swapaxes(vr, -1, -2) - np.sum(do * o, axis=-1, keepdims=True))
+    ds = do @ np.swapaxes(vr, -1, -2)
+    ds -= np.sum(do * o, axis=-1, keepdims=True)
+    ds *= p
     scale = 1 / np.sqrt(q.shape[-1])
     dq = ds @ kr * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
