@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
-    from ag.course import judge as plugin  # run as __main__, this file is a second module: use pytest's
+    global _session
     options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
                "no:cacheprovider", "--assert=plain", "-q", "--no-header", "--tb=short", "-W", "ignore",
                "--ag-submission", submission, "--ag-timeout", str(args.timeout), "--ag-slot", str(args.slot)]
@@ -312,9 +312,9 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
         options += ["--ag-hide", path]
     if args.select:
         options += ["-k", args.select]
-    plugin._session = None
+    _session = None
     code = pytest.main(options)
-    session = plugin._session
+    session = _session
     if session is not None:
         session.close()  # every worker is gone before anything is written
     if session is None or code not in (0, 1):
@@ -330,4 +330,6 @@ def _interrupted(signum, frame) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    sys.exit(main())
+    # main runs in ag.course.judge, the module pytest loads as the plugin, not in this __main__ copy
+    from ag.course.judge import main as plugin_main
+    sys.exit(plugin_main())
