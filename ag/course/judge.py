@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import threading
@@ -66,6 +67,8 @@ class Session:
         self.worker_exercise = None
         self.secrets = payload.secrets(tests, submission, hide)
         self.broken: dict[int, str] = {}  # exercises whose file cannot even be imported
+        self.cpu: dict[str, float] = {}  # CPU seconds by exercise: the judge's, and its workers' once reaped
+        self.cpu_mark = cpu_seconds()
 
     def collect(self, items) -> None:
         """Read each test's points, visibility and exercise; run them exercise by exercise, the
@@ -85,6 +88,7 @@ class Session:
         items.sort(key=lambda item: (self.meta[item.nodeid]["exercise"].number,
                                      self.meta[item.nodeid]["visibility"] != "visible", order[item.nodeid]))
         self.order = [item.nodeid for item in items]
+        self.cpu_mark = cpu_seconds()  # collecting is no exercise's
 
     def _bound(self, exercise, item) -> None:
         """Take the test file's ``WORKER_HEADROOM``, if any: the exercise's worker gets the least named."""
@@ -126,8 +130,7 @@ class Session:
         """The worker for ``exercise``: the one in use, or a new one given what the judge chose for
         it (``payload``), the one before closed first."""
         if self.worker is not None and (self.worker_exercise is not exercise or not self.worker.alive):
-            self.worker.close()
-            self.worker = None
+            self.close()
         if self.worker is None:
             try:
                 options = {"exercise": exercise.number, "headroom": self.headroom.get(exercise.number)}
@@ -150,9 +153,19 @@ class Session:
             "visibility": meta["visibility"], "seconds": round(seconds, 3)}
 
     def close(self) -> None:
+        """Close the worker in use, and charge the CPU seconds since the last close to its exercise."""
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+            now, name = cpu_seconds(), self.worker_exercise.module_name
+            self.cpu[name] = self.cpu.get(name, 0.0) + now - self.cpu_mark
+            self.cpu_mark = now
+
+
+def cpu_seconds() -> float:
+    """User + system seconds of this process and of the children it has reaped (a closed worker's)."""
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
 
 
 _session: Session | None = None
@@ -320,7 +333,7 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
     if session is None or code not in (0, 1):
         return {"error": f"the judge stopped (pytest exit code {code}); see its log above"}
     ordered = [session.results[nodeid] for nodeid in session.order if nodeid in session.results]
-    out.write_text(json.dumps(ordered))
+    out.write_text(json.dumps({"tests": ordered, "cpu": session.cpu}))
     return {"ok": True}
 
 
