@@ -339,7 +339,7 @@ def test_the_headroom_holds_half_of_it_and_not_all(worker):
 LIMIT_AT_IMPORT = "\nimport resource\nLIMIT_AT_IMPORT = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
 
 
-def test_a_test_file_bounds_what_its_worker_maps_past_its_start_before_student_code_and_a_shared_probe_runs_once(tmp_path):
+def test_a_test_file_bounds_its_worker_past_its_start_before_student_code_and_a_shared_probe_runs_once(tmp_path):
     tests = tmp_path / "graded"
     tests.mkdir()
     (tests / "test_ex3_bounded.py").write_text(BOUNDED)

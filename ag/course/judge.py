@@ -10,10 +10,11 @@ It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytes
 tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
 worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
 fails, the next starts afresh), and records each test's result. A test file may bound what its
-exercise's worker maps beyond its own start (``WORKER_HEADROOM``, bytes), so that a probe
-size is decisive on any machine; a probe several tests share runs once (``worker.once``). The results are written only
-after every worker process is gone. A submission has a wall-clock budget on top of the per-test
-timeout: once it is spent, the test running fails and the ones after it fail at once, each saying so.
+exercise's worker maps beyond its own start (``WORKER_HEADROOM``, bytes), so that a probe size is
+decisive on any machine; a probe several tests share runs once (``worker.once``). The results are
+written only after every worker process is gone, with the CPU seconds each exercise took. A
+submission has a wall-clock budget on top of the per-test timeout: once it is spent, the test
+running fails and the ones after it fail at once, each saying so.
 """
 from __future__ import annotations
 
