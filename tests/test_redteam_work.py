@@ -4,12 +4,12 @@ Each case copies solutions/ and replaces ONE exercise file by the student's stub
 with one function written the lazy way: merging two softmax blocks by returning the first, the
 optimal plan by searching every plan, the flash loops by calling naive attention copied from the
 public references (tests/grading/references/) over every key, over only the keys a query can
-see, or over each query tile's whole row of keys in turn, or over the keys that are not 0 (the
-rest counted), the lecture's memory table and the
-recomputation count by patching ag's own ``demo.matmul_chain``, ``trace`` and ``count_ops``
-from the module. Each is graded once through
+see, over each query tile's whole row of keys in turn, or over the keys that are not 0 (the
+rest counted), the lecture's memory table and the recomputation count by patching ag's own
+``demo.matmul_chain``, ``trace`` and ``count_ops`` from the module. Each is graded once through
 the CLI and must score 0 on every test of its exercise (hidden ones included) and full marks on
-every other test.
+every other test. An Adam step that is right but allocates parameter-sized temporaries loses the
+memory test only.
 """
 from __future__ import annotations
 
