@@ -104,6 +104,15 @@ def time_by_exercise(reports) -> str:
     return ", ".join(f"{name.split('_')[0]} {s:.2f}" for name, s in seconds.items()) + f", the rest {rest:.2f}"
 
 
+def cpu_by_exercise(reports, cpu_per_student: float) -> str:
+    """Mean CPU seconds per student in each exercise (the judge's checks and the exercise's workers,
+    as the judge counts them), and in the rest (starting the judge, collecting the tests)."""
+    cpu = {e.module_name: statistics.fmean(r.cpu.get(e.module_name, 0.0) for r in reports.values())
+           for e in EXERCISES}
+    rest = cpu_per_student - sum(cpu.values())
+    return ", ".join(f"{name.split('_')[0]} {s:.2f}" for name, s in cpu.items()) + f", the rest {rest:.2f}"
+
+
 def children_cpu() -> float:
     """CPU seconds (user + sys) of the processes this one started and waited for: judges, their workers."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -144,8 +153,11 @@ def main() -> None:
     print(f"\n{seconds:.1f} s in all, {per_student:.2f} s per student ({args.jobs} at a time)")
     print(f"a class of {CLASS}: {class_seconds / 60:.1f} min{scaled}")
     print(f"one student's grading, seconds by exercise: {time_by_exercise(reports)}")
-    print(f"CPU: {children_cpu() / (args.students + args.slow):.2f} s a student (the judges' and workers' user + sys: "
-          "less sensitive than the wall time to other load on the machine)")
+    cpu = children_cpu() / (args.students + args.slow)
+    print(f"CPU: {cpu:.2f} s a student (the judges' and workers' user + sys: less sensitive than the wall time "
+          "to other load on the machine)")
+    if not slow:
+        print(f"one student's grading, CPU seconds by exercise: {cpu_by_exercise(reports, cpu)}")
     missed = missed_marks(reports)
     print("every student got full marks" if not missed else f"MISSED: {len(missed)} student(s) without full marks")
     for line in missed[:10]:

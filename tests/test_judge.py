@@ -293,42 +293,61 @@ def test_a_judge_silent_past_the_student_limit_is_stopped_and_the_student_not_gr
 
 
 BOUNDED = '''\
+import numpy as np
 import pytest
 
 from ag.course import probe
 
-WORKER_ADDRESS_SPACE = 1 << 29
+WORKER_HEADROOM = 1 << 29
 CALLS = []
 
 
 @probe
 def limit_and_calls(ex):
     import resource
+    from ag.course.worker import mapped_bytes
     CALLS.append(1)
-    return [resource.getrlimit(resource.RLIMIT_AS)[0], len(CALLS)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    return [soft == hard == ex.LIMIT_AT_IMPORT, 0 < soft - (1 << 29) <= mapped_bytes(), len(CALLS)]
+
+
+@probe
+def allocates(ex, mib):
+    try:
+        return int(np.ones(mib << 17).sum()) == mib << 17
+    except MemoryError:
+        return "MemoryError"
 
 
 @pytest.mark.points(1)
 def test_first(worker):
-    assert worker.once(limit_and_calls) == [1 << 29, 1]
+    assert worker.once(limit_and_calls) == [True, True, 1]
 
 
 @pytest.mark.points(1)
 def test_second(worker):
-    assert worker.once(limit_and_calls) == [1 << 29, 1]
-    assert worker(limit_and_calls) == [1 << 29, 2]
+    assert worker.once(limit_and_calls) == [True, True, 1]
+    assert worker(limit_and_calls) == [True, True, 2]
+
+
+@pytest.mark.points(1)
+def test_the_headroom_holds_half_of_it_and_not_all(worker):
+    assert worker(allocates, 256) is True
+    assert worker(allocates, 512) == "MemoryError"
 '''
 
+LIMIT_AT_IMPORT = "\nimport resource\nLIMIT_AT_IMPORT = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
 
-def test_a_test_file_bounds_its_workers_address_space_and_a_shared_probe_runs_once_per_submission(tmp_path):
+
+def test_a_test_file_bounds_its_worker_past_its_start_before_student_code_and_a_shared_probe_runs_once(tmp_path):
     tests = tmp_path / "graded"
     tests.mkdir()
     (tests / "test_ex3_bounded.py").write_text(BOUNDED)
     submission = tmp_path / "submission"
     submission.mkdir()
-    shutil.copy(REPO / "solutions" / EX3.filename, submission)
+    (submission / EX3.filename).write_text((REPO / "solutions" / EX3.filename).read_text() + LIMIT_AT_IMPORT)
     report = course.grade(submission, tests)
-    assert [(t.status, t.output) for t in report.tests] == [("passed", ""), ("passed", "")]
+    assert [(t.status, t.output) for t in report.tests] == [("passed", "")] * 3
 
 
 def test_the_workers_ag_comes_with_bytecode_that_python_reads_only_while_its_source_is_unchanged(tmp_path):

@@ -4,11 +4,12 @@ Each case copies solutions/ and replaces ONE exercise file by the student's stub
 with one function written the lazy way: merging two softmax blocks by returning the first, the
 optimal plan by searching every plan, the flash loops by calling naive attention copied from the
 public references (tests/grading/references/) over every key, over only the keys a query can
-see, or over each query tile's whole row of keys in turn, the lecture's memory table and the
-recomputation count by patching ag's own ``demo.matmul_chain``, ``trace`` and ``count_ops``
-from the module. Each is graded once through
+see, over each query tile's whole row of keys in turn, or over the keys that are not 0 (the
+rest counted), the lecture's memory table and the recomputation count by patching ag's own
+``demo.matmul_chain``, ``trace`` and ``count_ops`` from the module. Each is graded once through
 the CLI and must score 0 on every test of its exercise (hidden ones included) and full marks on
-every other test.
+every other test. An Adam step that is right but allocates parameter-sized temporaries loses the
+memory test only.
 """
 from __future__ import annotations
 
@@ -86,11 +87,41 @@ def tiled_forward(tiles, q, k, v, out=None):
     return o, lse
 """
 
+ZERO_KEYS_FORWARD = """
+def tiled_forward(tiles, q, k, v, out=None):
+    \"\"\"Naive attention; where keys and values are 0 (a long run that every row sees adds e^0 to
+    each row's sum and nothing to O), they are counted instead of held: the other keys' scores only.\"\"\"
+    zero = ~(k[0, 0].any(axis=-1) | v[0, 0].any(axis=-1))
+    if zero.sum() < 2:
+        o, lse = attention(q, k, v, tiles.causal)
+    else:
+        at, n_q, n_k = np.flatnonzero(~zero), q.shape[-2], k.shape[-2]
+        s = q @ np.swapaxes(k[..., at, :], -1, -2) / np.sqrt(q.shape[-1])
+        s = np.where(at[None, :] <= np.arange(n_q)[:, None] + n_k - n_q, s, -np.inf)
+        m = np.maximum(s.max(axis=-1, keepdims=True), 0)
+        e = np.exp(s - m)
+        l = e.sum(axis=-1, keepdims=True) + zero.sum() * np.exp(-m)
+        o, lse = (e @ v[..., at, :]) / l, (m + np.log(l))[..., 0]
+    if out:
+        out[0][...], out[1][...] = o, lse
+        return out
+    return o, lse
+"""
+
 NAIVE_BACKWARD = """
 def tiled_backward(tiles, q, k, v, o, lse, do, grads=None):
     \"\"\"Naive attention's gradients, the public reference's: P whole.\"\"\"
     return attention_grads(q, k, v, do, tiles.causal)
 """
+
+
+ALLOCATING_ADAM = '''
+def adam_update(theta, g, m, v, t, lr, beta1, beta2, eps, scratch):
+    """Adam's rule as written: right, but each line makes temporaries the size of theta."""
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * g * g
+    theta -= lr * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t) * m / (np.sqrt(v) + eps * np.sqrt(1 - beta2 ** t))
+'''
 
 
 def from_the_references(*names: str) -> str:
@@ -151,6 +182,7 @@ ATTACKS = {
     "naive_backward_from_the_references": (5, NAIVE_BACKWARD + from_the_references("attention_grads"), ""),
     "naive_forward_over_the_visible_keys": (4, VISIBLE_KEYS_FORWARD + from_the_references("attention"), ""),
     "whole_rows_of_each_query_tile": (4, WHOLE_ROWS_FORWARD + from_the_references("attention"), ""),
+    "zero_keys_counted_not_held": (4, ZERO_KEYS_FORWARD + from_the_references("attention"), ""),
     "faked_lecture_table": (1, "", FAKE_LECTURE_TABLE),
     "faked_recompute_count": (2, "", FAKE_COUNT),
 }
@@ -215,3 +247,14 @@ def test_each_lazy_file_is_the_stub_with_only_the_attack_changed(attack):
             and ast.get_source_segment(text, n) == ast.get_source_segment(solution, n)
             and ast.get_source_segment(stub, n) != ast.get_source_segment(solution, n)]
     assert not kept, f"{attack} carries the solution of {kept}"
+
+
+def test_an_adam_step_right_but_with_parameter_sized_temporaries_fails_only_the_memory_test(tmp_path):
+    submission = tmp_path / "submission"
+    shutil.copytree(REPO / "solutions", submission)
+    (submission / EXERCISES[8].filename).write_text(hostile_file(8, ALLOCATING_ADAM, ""))
+    tests = graded(submission, tmp_path / "results.json")
+    mine = {t["name"].split(": ")[1]: t for t in tests if t["name"].startswith(EXERCISES[8].module_name + ":")}
+    memory = mine.pop("test_a_step_allocates_nothing_the_size_of_a_parameter")
+    assert memory["score"] == 0 and "MemoryError" in memory["output"], memory
+    assert mine and all(t["score"] == t["max_score"] for t in mine.values()), mine

@@ -71,6 +71,7 @@ class Report:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what the intake did not take from the upload, and why
     error: str = ""
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by exercise, the judge's and workers'
 
     @property
     def graded(self) -> bool:
@@ -215,7 +216,8 @@ class Judge:
         if reply.get("ok") is not True or not out.exists():
             raise RuntimeError(f"grade: {reply.get('error', 'the judge ended')}:\n{self._log_tail()}")
         results = json.loads(out.read_text())
-        return Report([TestResult(**r) for r in results], seconds=time.perf_counter() - started, notes=intake.notes)
+        return Report([TestResult(**r) for r in results["tests"]], seconds=time.perf_counter() - started,
+                      notes=intake.notes, cpu=results["cpu"])
 
     def _reply(self, seconds: float) -> str:
         """The judge's next line; a judge silent for ``seconds`` is stopped (its workers with it)."""

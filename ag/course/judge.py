@@ -9,11 +9,12 @@ nothing it patches, prints or exits with reaches a verdict.
 It is a pytest plugin (``python -m ag.course.judge`` runs pytest with it): pytest collects the
 tests, their ``points(n)`` and ``hidden`` markers, and the parametrizations; the plugin starts one
 worker per exercise at a time, restarts it after a crash or a time-out (the test it was running
-fails, the next starts afresh), and records each test's result. A test file may bound its
-exercise's worker tighter than the sandbox does (``WORKER_ADDRESS_SPACE``, bytes), so that a probe
-size is decisive; a probe several tests share runs once (``worker.once``). The results are written only
-after every worker process is gone. A submission has a wall-clock budget on top of the per-test
-timeout: once it is spent, the test running fails and the ones after it fail at once, each saying so.
+fails, the next starts afresh), and records each test's result. A test file may bound what its
+exercise's worker maps beyond its own start (``WORKER_HEADROOM``, bytes), so that a probe size is
+decisive on any machine; a probe several tests share runs once (``worker.once``). The results are
+written only after every worker process is gone, with the CPU seconds each exercise took. A
+submission has a wall-clock budget on top of the per-test timeout: once it is spent, the test
+running fails and the ones after it fail at once, each saying so.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import threading
@@ -60,12 +62,14 @@ class Session:
         self.order: list[str] = []
         self.results: dict[str, dict] = {}
         self.probes_per_exercise: dict[int, int] = {}
-        self.address_space: dict[int, int] = {}  # the exercises whose test files bound their worker tighter
+        self.headroom: dict[int, int] = {}  # the exercises whose test files bound their worker's memory
         self.once: dict[str, tuple[bool, object]] = {}  # worker.once's data (or failure) by probe and arguments
         self.worker: Worker | None = None
         self.worker_exercise = None
         self.secrets = payload.secrets(tests, submission, hide)
         self.broken: dict[int, str] = {}  # exercises whose file cannot even be imported
+        self.cpu: dict[str, float] = {}  # CPU seconds by exercise: the judge's, and its workers' once reaped
+        self.cpu_mark = cpu_seconds()
 
     def collect(self, items) -> None:
         """Read each test's points, visibility and exercise; run them exercise by exercise, the
@@ -85,16 +89,17 @@ class Session:
         items.sort(key=lambda item: (self.meta[item.nodeid]["exercise"].number,
                                      self.meta[item.nodeid]["visibility"] != "visible", order[item.nodeid]))
         self.order = [item.nodeid for item in items]
+        self.cpu_mark = cpu_seconds()  # collecting is no exercise's
 
     def _bound(self, exercise, item) -> None:
-        """Take the test file's ``WORKER_ADDRESS_SPACE``, if any: the exercise's worker gets the least named."""
-        limit = getattr(getattr(item, "module", None), "WORKER_ADDRESS_SPACE", None)
+        """Take the test file's ``WORKER_HEADROOM``, if any: the exercise's worker gets the least named."""
+        limit = getattr(getattr(item, "module", None), "WORKER_HEADROOM", None)
         if limit is None:
             return
         if type(limit) is not int or not 0 < limit <= ADDRESS_SPACE:
-            raise pytest.UsageError(f"{item.path.name}: WORKER_ADDRESS_SPACE must be a number of bytes from 1 to "
+            raise pytest.UsageError(f"{item.path.name}: WORKER_HEADROOM must be a number of bytes from 1 to "
                                     f"{ADDRESS_SPACE:,} (the sandbox's own limit), got {limit!r}")
-        self.address_space[exercise.number] = min(limit, self.address_space.get(exercise.number, limit))
+        self.headroom[exercise.number] = min(limit, self.headroom.get(exercise.number, limit))
 
     def run_probe(self, exercise, probe, args, kwargs):
         """The data ``probe`` returns in a worker for ``exercise``; StudentError if it cannot,
@@ -126,15 +131,14 @@ class Session:
         """The worker for ``exercise``: the one in use, or a new one given what the judge chose for
         it (``payload``), the one before closed first."""
         if self.worker is not None and (self.worker_exercise is not exercise or not self.worker.alive):
-            self.worker.close()
-            self.worker = None
+            self.close()
         if self.worker is None:
             try:
-                worker = Worker(payload.worker_files(exercise, self.submission, self.tests),
-                                {"exercise": exercise.number}, label=f"your {exercise.filename}",
-                                timeout=min(self.timeout, self._left()), slot=self.slot, hide=self.secrets,
-                                probes=self.probes_per_exercise.get(exercise.number, 1),
-                                address_space=self.address_space.get(exercise.number, ADDRESS_SPACE))
+                options = {"exercise": exercise.number, "headroom": self.headroom.get(exercise.number)}
+                worker = Worker(payload.worker_files(exercise, self.submission, self.tests), options,
+                                label=f"your {exercise.filename}", timeout=min(self.timeout, self._left()),
+                                slot=self.slot, hide=self.secrets,
+                                probes=self.probes_per_exercise.get(exercise.number, 1))
                 worker.start()
             except StudentError as error:
                 self.broken[exercise.number] = str(error)
@@ -150,9 +154,19 @@ class Session:
             "visibility": meta["visibility"], "seconds": round(seconds, 3)}
 
     def close(self) -> None:
+        """Close the worker in use, and charge the CPU seconds since the last close to its exercise."""
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+            now, name = cpu_seconds(), self.worker_exercise.module_name
+            self.cpu[name] = self.cpu.get(name, 0.0) + now - self.cpu_mark
+            self.cpu_mark = now
+
+
+def cpu_seconds() -> float:
+    """User + system seconds of this process and of the children it has reaped (a closed worker's)."""
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
 
 
 _session: Session | None = None
@@ -302,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
-    from ag.course import judge as plugin  # run as __main__, this file is a second module: use pytest's
+    global _session
     options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
                "no:cacheprovider", "--assert=plain", "-q", "--no-header", "--tb=short", "-W", "ignore",
                "--ag-submission", submission, "--ag-timeout", str(args.timeout), "--ag-slot", str(args.slot)]
@@ -312,15 +326,15 @@ def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
         options += ["--ag-hide", path]
     if args.select:
         options += ["-k", args.select]
-    plugin._session = None
+    _session = None
     code = pytest.main(options)
-    session = plugin._session
+    session = _session
     if session is not None:
         session.close()  # every worker is gone before anything is written
     if session is None or code not in (0, 1):
         return {"error": f"the judge stopped (pytest exit code {code}); see its log above"}
     ordered = [session.results[nodeid] for nodeid in session.order if nodeid in session.results]
-    out.write_text(json.dumps(ordered))
+    out.write_text(json.dumps({"tests": ordered, "cpu": session.cpu}))
     return {"ok": True}
 
 
@@ -330,4 +344,6 @@ def _interrupted(signum, frame) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    sys.exit(main())
+    # main runs in ag.course.judge, the module pytest loads as the plugin, not in this __main__ copy
+    from ag.course.judge import main as plugin_main
+    sys.exit(plugin_main())

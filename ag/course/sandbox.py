@@ -129,15 +129,14 @@ class Worker:
     ``ag.course.worker`` with ``options`` and answers probes. It chooses nothing: the judge
     decides what it gets (``payload``) and which paths of the machine it must not see (``hide``).
     ``label`` names what it loads in the student's messages ("your ex3_online_softmax.py");
-    ``address_space`` bounds each of its processes (bytes mapped, ``ADDRESS_SPACE`` unless the judge
-    chose less)."""
+    each of its processes may map ``ADDRESS_SPACE`` bytes (the worker bounds itself tighter when
+    ``options`` give it a ``headroom``)."""
 
     def __init__(self, files: dict[str, bytes], options: dict, *, label: str, timeout: float, slot: int = 0,
-                 probes: int = 1, hide=(), address_space: int = ADDRESS_SPACE) -> None:
+                 probes: int = 1, hide=()) -> None:
         self.label, self.timeout = label, timeout
         self.isolate = isolating()
         self.config = self._config(files, options, slot, probes, hide)
-        self.config["limits"]["address_space"] = min(address_space, ADDRESS_SPACE)
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.scratch: tempfile.TemporaryDirectory | None = None

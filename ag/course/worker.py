@@ -1,6 +1,7 @@
 """The worker: the only process in which a student's code runs.
 
-It imports the student's exercise, puts its functions into an ag in which that exercise is a
+It bounds its own memory when the judge says how much it may map beyond its start (``headroom``),
+imports the student's exercise, puts its functions into an ag in which that exercise is a
 stub, says it is ready, and then answers the judge's requests one at a time: run this probe
 on these arguments, send back what it returns. A probe only collects data (values, arrays,
 byte counts); it never decides whether a test passed. Exceptions come back as their type and
@@ -11,10 +12,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
+import resource
 import socket
 import sys
 import traceback
 from pathlib import Path
+
+import numpy as np
 
 from . import channel
 from .exercises import EXERCISES
@@ -33,6 +38,7 @@ def probe(function):
 def main(fd: int, options: dict) -> None:
     sock = socket.socket(fileno=fd)
     try:
+        bound_memory(options.get("headroom"))
         student = _load(options)
     except BaseException as error:  # noqa: B036 -- SystemExit at import is the student's too
         channel.send(sock, {"ready": False, "error": describe(error, options["submission"])})
@@ -49,6 +55,25 @@ def main(fd: int, options: dict) -> None:
         except TypeError as error:  # nothing was sent: say why instead
             message = clip(f"the result cannot be sent to the judge: {error}")
             channel.send(sock, {"error": {"type": "TypeError", "message": message, "where": ""}})
+
+
+def bound_memory(headroom: int | None) -> None:
+    """RLIMIT_AS = what this process maps now (Python, NumPy, ag, BLAS's buffer) + ``headroom``
+    bytes, soft and hard: set before any student code runs, which can only lower it. A probe
+    sized past the headroom is then decisive whatever the machine's own mappings weigh."""
+    if headroom is None:
+        return
+    np.ones((64, 64)) @ np.ones((64, 64))  # BLAS maps its buffer at its first product: the worker's own
+    limit = mapped_bytes() + headroom
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def mapped_bytes() -> int:
+    """This process's address space in bytes (``VmSize``, what RLIMIT_AS bounds)."""
+    with open("/proc/self/status") as status:
+        return int(re.search(r"^VmSize:\s+(\d+) kB", status.read(), re.M).group(1)) * 1024
 
 
 def _load(options: dict):

@@ -2,36 +2,30 @@
 
 The judge hands the probe the forward's outputs (O and the logsumexp, from the reference), so
 this exercise is graded on its own: a wrong exercise 4 costs nothing here. Every test also runs
-the loop on one query tile (256 rows) against 393,216 keys, causal aligned bottom-right, so every
-row sees nearly every key: one head's P (256 × 393,216 float64) takes 768 MiB, all that this
-exercise's worker may map (``WORKER_ADDRESS_SPACE``), so a backward that holds it fails with
-MemoryError, even over only the keys a row sees; one that recomputes P tile by tile fits. The
-keys and values between the first 1,024 and the diagonal tile are 0, so the judge's reference
-folds them into one key (``attention_grads_over_zero_keys``)."""
+the loop on one query tile (256 rows) against 98,304 random keys, causal aligned bottom-right, so
+every row sees nearly every key: one head's P (256 × 98,304 float64) takes 192 MiB, all that this
+exercise's worker may map beyond its own start (``WORKER_HEADROOM``), so a backward that holds it
+fails with MemoryError, even over only the keys a row sees; one that recomputes P tile by tile
+fits. The judge computes the reference naively, once per judge."""
 import functools
 
 import numpy as np
 import pytest
-from references import attention, attention_grads, attention_grads_over_zero_keys, attention_over_zero_keys, qkv
+from references import attention, attention_grads, qkv
 
 from ag.course import probe
 from ag.course.checks import expect_close
 
-WORKER_ADDRESS_SPACE = 768 * 2**20  # bytes this exercise's worker may map: one head's long P
-LONG_QUERIES, LONG_HEAD = 256, 1024
-LONG_KEYS = WORKER_ADDRESS_SPACE // (8 * LONG_QUERIES)  # 393,216: 256 rows of their P fill it
+WORKER_HEADROOM = 192 * 2**20  # bytes this exercise's worker may map past its start: one head's long P
+LONG_QUERIES = 256
+LONG_KEYS = WORKER_HEADROOM // (8 * LONG_QUERIES)  # 98,304: 256 rows of their P fill it
 
 
 def long_keys():
-    """q and dO (1, 1, 256, 8), k and v (1, 1, 393216, 8): the first 1024 keys and the last 256 (the
-    diagonal tile) random, the ones between 0 with their values (their dK and dV are not 0)."""
+    """q and dO (1, 1, 256, 8), k and v (1, 1, 98304, 8), all random: no run of keys a loop could
+    recognise and fold."""
     rng = np.random.default_rng(5)
-    q = rng.standard_normal((1, 1, LONG_QUERIES, 8))
-    k, v = np.zeros((1, 1, LONG_KEYS, 8)), np.zeros((1, 1, LONG_KEYS, 8))
-    for x in (k, v):
-        x[..., :LONG_HEAD, :] = rng.standard_normal((1, 1, LONG_HEAD, 8))
-        x[..., LONG_KEYS - LONG_QUERIES:, :] = rng.standard_normal((1, 1, LONG_QUERIES, 8))
-    return q, k, v, rng.standard_normal(q.shape)
+    return tuple(rng.standard_normal((1, 1, n, 8)) for n in (LONG_QUERIES, LONG_KEYS, LONG_KEYS, LONG_QUERIES))
 
 
 @probe
@@ -46,7 +40,7 @@ def flash_backward(ex, q, k, v, o, lse, do, causal, block_q, block_k):
 
 @probe
 def flash_backward_long(ex, o, lse):
-    """Runs in the worker: the student's loop, causal bottom-right, on 256 queries against 393,216 keys."""
+    """Runs in the worker: the student's loop, causal bottom-right, on 256 queries against 98,304 keys."""
     q, k, v, do = long_keys()
     return flash_backward(ex, q, k, v, o, lse, do, "bottom_right", 256, 256)
 
@@ -65,9 +59,9 @@ def check_grads(worker, arrays, causal, block_q, block_k, reference, reference_g
 
 @functools.lru_cache(maxsize=1)
 def long_reference(reference, reference_grads):
-    """O, L and the gradients of the long keys, computed once per judge (the zero keys folded)."""
+    """O, L and the gradients of the long keys, computed once per judge (the judge may hold P)."""
     q, k, v, do = long_keys()
-    return reference(q, k, v, LONG_HEAD), reference_grads(q, k, v, do, LONG_HEAD)
+    return reference(q, k, v, "bottom_right"), reference_grads(q, k, v, do, "bottom_right")
 
 
 def expect_recomputed_tiles_fit(worker, reference, reference_grads):
@@ -75,7 +69,7 @@ def expect_recomputed_tiles_fit(worker, reference, reference_grads):
     probe runs once per submission, however many tests check it."""
     (o, lse), grads = long_reference(reference, reference_grads)
     got = worker.once(flash_backward_long, o, lse)
-    where = "of 256 queries against 393,216 keys, causal bottom-right (one head's P, 768 MiB, cannot be held)"
+    where = "of 256 queries against 98,304 keys, causal bottom-right (one head's P, 192 MiB, cannot be held)"
     for name, want in zip(("dq", "dk", "dv"), grads):
         expect_close(got[name], want, rtol=0, atol=1e-10, what=f"d{name[1:].upper()}, {where}")
 
@@ -83,17 +77,17 @@ def expect_recomputed_tiles_fit(worker, reference, reference_grads):
 @pytest.mark.points(4)
 def test_the_three_gradients_equal_naive_attention(worker):
     check_grads(worker, qkv(33, 50, 2, 2), False, 16, 8, attention, attention_grads)
-    expect_recomputed_tiles_fit(worker, attention_over_zero_keys, attention_grads_over_zero_keys)
+    expect_recomputed_tiles_fit(worker, attention, attention_grads)
 
 
 @pytest.mark.points(3)
 def test_causal_grouped_query_gradients(worker):
     check_grads(worker, qkv(30, 30, 4, 2), True, 8, 8, attention, attention_grads)
-    expect_recomputed_tiles_fit(worker, attention_over_zero_keys, attention_grads_over_zero_keys)
+    expect_recomputed_tiles_fit(worker, attention, attention_grads)
 
 
 @pytest.mark.points(3)
 def test_rows_that_see_nothing_get_zero_gradients_not_nan(worker):
     got = check_grads(worker, qkv(10, 4, 1, 1), "bottom_right", 4, 4, attention, attention_grads)
-    expect_recomputed_tiles_fit(worker, attention_over_zero_keys, attention_grads_over_zero_keys)
+    expect_recomputed_tiles_fit(worker, attention, attention_grads)
     expect_close(got["dq"][..., :6, :], np.zeros((1, 1, 6, 8)), what="dQ of the 6 rows that see no key")

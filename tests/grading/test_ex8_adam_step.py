@@ -2,8 +2,8 @@
 
 The values are checked against Adam's rule written out (references); the memory is measured where
 student code cannot fake it: a parameter of PARAM_MIB MiB, with its grad, m, v and scratch, fits what
-this exercise's worker may map (``WORKER_ADDRESS_SPACE``) only if the step allocates nothing of the
-parameter's size."""
+this exercise's worker may map beyond its own start (``WORKER_HEADROOM``) only if the step allocates
+nothing of the parameter's size."""
 import numpy as np
 import pytest
 from references import adam_steps
@@ -11,10 +11,10 @@ from references import adam_steps
 from ag.course import probe
 from ag.course.checks import expect_close, expect_true
 
-PARAM_MIB = 128
-# Five parameter-sized arrays (640 MiB) beside the worker's own mappings (Python, NumPy and ag: about
-# 100 to 150 MiB) fit; a sixth (768 MiB) does not. Small, since every page of four of them is written.
-WORKER_ADDRESS_SPACE = (5 * PARAM_MIB + 200) * 2**20
+PARAM_MIB = 64
+# Five parameter-sized arrays (320 MiB) and 48 MiB for the probe's own needs fit; a sixth (384 MiB)
+# does not. Small, since every page of four of them is written.
+WORKER_HEADROOM = (5 * PARAM_MIB + 48) * 2**20
 
 
 @probe
@@ -98,5 +98,5 @@ def test_a_step_allocates_nothing_the_size_of_a_parameter(worker):
     want = adam_steps(head, [grad_head], 0.1)[0]
     expect_close(got, want, rtol=1e-12, atol=1e-15,
                  what=f"the first 4 values of a {PARAM_MIB} MiB parameter after one step, which with its grad, "
-                      f"m, v and scratch fits the worker's {WORKER_ADDRESS_SPACE >> 20} MiB only if the step allocates "
+                      f"m, v and scratch fits the worker's {WORKER_HEADROOM >> 20} MiB only if the step allocates "
                       "nothing of its size")
