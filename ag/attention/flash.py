@@ -19,6 +19,9 @@ from .variants import UNBOUNDED, Variants, variants
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
+# backward sums Pᵀ dO and dSᵀ Q over a query tile's rows in one product: 64 rows keep a float32 sum
+# short (FlashAttention-2's backward kernels take 64 or 128 query rows a tile too)
+DEFAULT_BLOCK_Q_BACKWARD = 64
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = None,
@@ -30,7 +33,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile from
     the saved logsumexp (for GQA, k's and v's grads summed over each group). ``return_lse=True``
     also returns L = logsumexp of each row of scaled scores, (..., H, Nq). On NumPy the tiles are
-    ``block_q`` × ``block_k`` (None: 256), the loops ``tiled_forward`` and ``tiled_backward``; float16
+    ``block_q`` × ``block_k`` (None: 256, and 64 query rows in backward), the loops ``tiled_forward`` and ``tiled_backward``; float16
     and bfloat16 inputs keep their statistics and accumulators in float32 (L stays float32).
     ``window_size``, ``alibi_slopes``, ``softcap`` and ``dropout_p`` with a ``seed`` are FlashAttention's
     (``ag.attention.variants``; NumPy only; dropout's mask is redrawn from the seed in backward, never
@@ -68,6 +71,8 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
     """The paper's loops, ``tiled_forward`` and ``tiled_backward``, on one thread, BLAS held to one
     thread: a tile's many small products stall on a multi-threaded BLAS when a core is busy."""
     tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K, variants=variants)
+    backward_tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q_BACKWARD, block_k or DEFAULT_BLOCK_K,
+                           variants=variants)
 
     def forward(q, k, v):
         with one_blas_thread():
@@ -78,9 +83,9 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
 
     def backward(q, k, v, o, lse, do):
         with one_blas_thread():
-            grads = tiled_backward(tiles, q, k, v, o, lse, do)
-        tiles.free_buffers()
-        tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
+            grads = tiled_backward(backward_tiles, q, k, v, o, lse, do)
+        backward_tiles.free_buffers()
+        backward_tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
 
