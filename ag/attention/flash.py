@@ -33,8 +33,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile from
     the saved logsumexp (for GQA, k's and v's grads summed over each group). ``return_lse=True``
     also returns L = logsumexp of each row of scaled scores, (..., H, Nq). On NumPy the tiles are
-    ``block_q`` × ``block_k`` (None: 256, and 64 query rows in backward), the loops ``tiled_forward`` and ``tiled_backward``; float16
-    and bfloat16 inputs keep their statistics and accumulators in float32 (L stays float32).
+    ``block_q`` × ``block_k`` (None: 256, and 64 query rows in backward), the loops ``tiled_forward``
+    and ``tiled_backward``; float16 and bfloat16 inputs keep their statistics and accumulators in
+    float32 (L stays float32).
     ``window_size``, ``alibi_slopes``, ``softcap`` and ``dropout_p`` with a ``seed`` are FlashAttention's
     (``ag.attention.variants``; NumPy only; dropout's mask is redrawn from the seed in backward, never
     stored), and v may have its own head dim dv (O is then (..., H, Nq, dv)).
@@ -47,11 +48,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     values = [x.value if isinstance(x, Tensor) else x if hasattr(x, "shape") else np.asarray(x) for x in (q, k, v)]
     if _backend(backend, values[0]) == "cupy":
-        if not plain(extra):
-            raise ValueError(f"flash_attention(backend='cupy'): the CUDA kernels take no window_size, alibi_slopes, "
-                             f"softcap or dropout_p (got {tuple(window_size)}, {alibi_slopes!r}, {softcap}, "
-                             f"{dropout_p}); NumPy arrays take them all")
-        forward, backward = _cupy_passes(causal, scale)
+        forward, backward = _cupy_passes(causal, scale, extra)
     else:
         forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k, extra)
     o, lse = forward(*values)
@@ -136,9 +133,14 @@ def one_blas_thread():
     return contextlib.nullcontext() if blas is None else blas.limit(limits=1, user_api="blas")
 
 
-def _cupy_passes(causal, scale):
+def _cupy_passes(causal, scale, extra: dict):
     """The same passes on the GPU: ``kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy
-    (``gpu``), float32, one thread block per (batch·head, query tile), no atomics in backward."""
+    (``gpu``), float32, one thread block per (batch·head, query tile), no atomics in backward; no
+    variant (``extra``, refused rather than ignored)."""
+    if not plain(extra):
+        raise ValueError(f"flash_attention(backend='cupy'): the CUDA kernels take no window_size, alibi_slopes, "
+                         f"softcap or dropout_p (got {tuple(extra['window_size'])}, {extra['alibi_slopes']!r}, "
+                         f"{extra['softcap']}, {extra['dropout_p']}); NumPy arrays take them all")
     from . import gpu
     ready, reason = gpu.available()
     if not ready:
