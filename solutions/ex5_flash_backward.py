@@ -34,8 +34,9 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
     dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
     at the end. Dropout (``tiles.dropout``) makes them dV += (P ∘ Z')ᵀ dO and dP = (dO Vᵀ) ∘ Z',
-    Z' = Z / (1 - p); softcap multiplies dS by 1 - tanh² (``tiles.softcap_grad``). The grads are allocated in the inputs' own shapes, so they can become the inputs'
-    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
+    Z' = Z / (1 - p); softcap multiplies dS by 1 - tanh² (``tiles.softcap_grad``). The grads are
+    allocated in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)

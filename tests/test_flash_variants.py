@@ -110,7 +110,8 @@ SOFTCAP_DROPOUT = {  # n_q, n_k, causal, window_size, softcap, dropout_p
 def test_softcap_and_dropout_in_the_tiled_loops_equal_naive_for_any_tiling(case, block_q, block_k, lab):
     n_q, n_k, causal, window_size, softcap, dropout_p = SOFTCAP_DROPOUT[case]
     rng = np.random.default_rng(2)
-    q, k, v = 3 * rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal((2, 2, n_k, 8)), rng.standard_normal((2, 2, n_k, 8))
+    q = 3 * rng.standard_normal((2, 4, n_q, 8))
+    k, v = rng.standard_normal((2, 2, n_k, 8)), rng.standard_normal((2, 2, n_k, 8))
     weight = rng.standard_normal((2, 4, n_q, 8))
     options = dict(causal=causal, window_size=window_size, softcap=softcap, dropout_p=dropout_p, seed=11)
     want = step(naive_attention, q, k, v, weight, **options)
@@ -155,7 +156,8 @@ def _flash_step(q, k, v, do, **options):
 @pytest.mark.parametrize("dropout_p", [0.0, 0.25])
 def test_softcap_and_dropout_match_flashattentions_reference_in_torch_with_the_same_mask(causal, dropout_p):
     rng = np.random.default_rng(3)
-    q, k, v = 4 * rng.standard_normal((2, 4, 75, 16)), rng.standard_normal((2, 2, 101, 16)), rng.standard_normal((2, 2, 101, 16))
+    q = 4 * rng.standard_normal((2, 4, 75, 16))
+    k, v = rng.standard_normal((2, 2, 101, 16)), rng.standard_normal((2, 2, 101, 16))
     do = rng.standard_normal(q.shape)
     got = _flash_step(q, k, v, do, causal=causal, softcap=3.0, dropout_p=dropout_p, seed=21)
     mask = keep_mask(21, np.arange(8).reshape(2, 4), np.arange(75), np.arange(101), dropout_p) if dropout_p else None
