@@ -5,7 +5,10 @@ query tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from
 tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile,
 scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
 dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale
-once after your loop; for GQA, group_sum sums dK and dV over the group axis -3).
+once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). With
+dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is tiles.dropout(dO V^T,
+q_start, k_start) (each the array itself without dropout); with softcap,
+tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
 flash_attention runs your loop.
 
 Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of
@@ -30,8 +33,10 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
     dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
-    at the end. The grads are allocated in the inputs' own shapes, so they can become the inputs'
-    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
+    at the end. Dropout (``tiles.dropout``) makes them dV += (P ∘ Z')ᵀ dO and dP = (dO Vᵀ) ∘ Z',
+    Z' = Z / (1 - p); softcap multiplies dS by 1 - tanh² (``tiles.softcap_grad``). The grads are
+    allocated in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)

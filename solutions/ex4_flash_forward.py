@@ -12,7 +12,9 @@ tiles.key_tiles(q_start, q_stop) the k_start of each key tile that rows q_start.
 can see (a range in steps of tiles.block_k; causal: up to the last key they see), its
 columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the
 lecture's rowmax and rowsum of a tile, as (rows, 1) columns (np.max and np.sum with
-keepdims=True). flash_attention runs your loop.
+keepdims=True). Multiply V by tiles.dropout(p, q_start, k_start), P with dropout's mask
+applied (P itself without dropout), and sum the undropped P into l_i. flash_attention runs
+your loop.
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python solutions/ex4_flash_forward.py
@@ -31,7 +33,8 @@ from ag.attention.tiles import Tiles, forward_outputs
 def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   out=None) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1: for each query tile, stream the key/value tiles through m_i, l_i and acc;
-    return O and the row logsumexp L = m_i + log l_i. ``out`` gives (O, L) to fill, zeroed and
+    return O and the row logsumexp L = m_i + log l_i. Dropout (``tiles.dropout``) reaches only acc:
+    l_i and L are of the undropped P, as in FlashAttention. ``out`` gives (O, L) to fill, zeroed and
     -inf (a worker's views of the whole call's); else they are allocated here."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
@@ -54,7 +57,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
             alpha = np.exp(m_i - shift)  # rescales what was summed under the old max
             l_i = alpha * l_i + tiles.row_sum(p)
             acc *= alpha
-            acc += np.matmul(p, vg[..., cols, :])
+            acc += np.matmul(tiles.dropout(p, q_start, k_start), vg[..., cols, :])  # l_i is dropout-free
             m_i = m_new
         np.divide(acc, l_i, out=og[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
         with np.errstate(divide="ignore"):

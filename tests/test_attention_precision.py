@@ -78,17 +78,10 @@ GRID = [(113, 203, 32, 2, 1, False), (384, 256, 64, 2, 2, False), (1, 239, 59, 2
         (5, 5, 32, 1, 1, True)]
 
 
-# OpenBLAS's sgemm sums a tile's Pᵀ dO over its 203 query rows in one sequential chain: dv lands
-# at 2.7 × torch's error there (its BLAS blocks the sum); tiles of 64 rows give 1.0 ×
-LONG_SGEMM_SUM = (203, 113, 64, 4, 2, True, np.float32)
-
-
 def grid():
     for case in GRID:
         for dtype in (np.float64, np.float32, np.float16):
-            marks = [pytest.mark.xfail(reason="a 203-row tile's sequential sgemm sum in dv", strict=False)] \
-                if case + (dtype,) == LONG_SGEMM_SUM else []
-            yield pytest.param(*case, dtype, marks=marks, id="-".join(map(str, case)) + "-" + np.dtype(dtype).name)
+            yield pytest.param(*case, dtype, id="-".join(map(str, case)) + "-" + np.dtype(dtype).name)
 
 
 @pytest.mark.oracle

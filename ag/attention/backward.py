@@ -11,8 +11,10 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     """Algorithm 2: for each key/value tile, recompute P_ij = exp(S_ij - L_i) for every query
     tile; dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), dQ += scale · dS K,
     dK += scale · dSᵀ Q (for GQA, dK and dV summed over the group); scale multiplies dQ and dK once,
-    at the end. The grads are allocated in the inputs' own shapes, so they can become the inputs'
-    ``.grad`` without a copy; or ``grads`` gives zeroed (dq, dk, dv) to add into."""
+    at the end. Dropout (``tiles.dropout``) makes them dV += (P ∘ Z')ᵀ dO and dP = (dO Vᵀ) ∘ Z',
+    Z' = Z / (1 - p); softcap multiplies dS by 1 - tanh² (``tiles.softcap_grad``). The grads are
+    allocated in the inputs' own shapes, so they can become the inputs' ``.grad`` without a copy; or
+    ``grads`` gives zeroed (dq, dk, dv) to add into."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
@@ -31,11 +33,13 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
             s -= lse_g[..., rows, :]
             p = tiles.exp(s)
-            dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p, -1, -2), do_i))
-            ds = np.matmul(do_i, np.swapaxes(v_j, -1, -2))
+            p_kept = tiles.dropout(p, q_start, k_start)  # what the forward multiplied V by
+            dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p_kept, -1, -2), do_i))
+            ds = tiles.dropout(np.matmul(do_i, np.swapaxes(v_j, -1, -2)), q_start, k_start)
             ds -= d_row[..., rows, :]
             ds *= p
             ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
+            tiles.softcap_grad(ds)
             dqg[..., rows, :] += np.matmul(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     ### END SOLUTION

@@ -19,40 +19,38 @@ from .variants import UNBOUNDED, Variants, variants
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
+# backward sums Pᵀ dO and dSᵀ Q over a query tile's rows in one product: 64 rows keep a float32 sum
+# short (FlashAttention-2's backward kernels take 64 or 128 query rows a tile too)
+DEFAULT_BLOCK_Q_BACKWARD = 64
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = None,
                     block_k: int | None = None, return_lse: bool = False, backend: str = "numpy",
                     window_size=(UNBOUNDED, UNBOUNDED), alibi_slopes=None, softcap: float = 0.0,
-                    dropout_p: float = 0.0):
+                    dropout_p: float = 0.0, seed: int | None = None):
     """O = softmax(scale · Q Kᵀ + mask + bias) V, tile by tile (FlashAttention-2): no N×N array is held.
 
     Arrays in, arrays out; Tensors in, a Tensor out whose backward recomputes P tile by tile from
     the saved logsumexp (for GQA, k's and v's grads summed over each group). ``return_lse=True``
     also returns L = logsumexp of each row of scaled scores, (..., H, Nq). On NumPy the tiles are
-    ``block_q`` × ``block_k`` (None: 256), the loops ``tiled_forward`` and ``tiled_backward``; float16
-    and bfloat16 inputs keep their statistics and accumulators in float32 (L stays float32).
-    ``window_size`` and ``alibi_slopes`` are FlashAttention's (``ag.attention.variants``; NumPy only),
-    and v may have its own head dim dv (O is then (..., H, Nq, dv)). ``softcap`` and ``dropout_p`` are
-    ``naive_attention``'s only so far: here anything but 0 is refused.
+    ``block_q`` × ``block_k`` (None: 256, and 64 query rows in backward), the loops ``tiled_forward``
+    and ``tiled_backward``; float16 and bfloat16 inputs keep their statistics and accumulators in
+    float32 (L stays float32).
+    ``window_size``, ``alibi_slopes``, ``softcap`` and ``dropout_p`` with a ``seed`` are FlashAttention's
+    (``ag.attention.variants``; NumPy only; dropout's mask is redrawn from the seed in backward, never
+    stored), and v may have its own head dim dv (O is then (..., H, Nq, dv)).
     """
     check_causal("flash_attention", causal)
-    if softcap or dropout_p:
-        raise ValueError(f"flash_attention: softcap = {softcap} and dropout_p = {dropout_p} are not in the tiled "
-                         "loops yet (0 for both); naive_attention and flash_decode take softcap, naive_attention "
-                         "dropout_p with a seed")
+    extra = dict(window_size=window_size, alibi_slopes=alibi_slopes, softcap=softcap, dropout_p=dropout_p, seed=seed)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size is not None:
             check_block("flash_attention", name, size)
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     values = [x.value if isinstance(x, Tensor) else x if hasattr(x, "shape") else np.asarray(x) for x in (q, k, v)]
     if _backend(backend, values[0]) == "cupy":
-        if tuple(window_size) != (UNBOUNDED, UNBOUNDED) or alibi_slopes is not None:
-            raise ValueError(f"flash_attention(backend='cupy'): the CUDA kernels take no window_size or "
-                             f"alibi_slopes (got {tuple(window_size)}, {alibi_slopes!r}); NumPy arrays take both")
-        forward, backward = _cupy_passes(causal, scale)
+        forward, backward = _cupy_passes(causal, scale, extra)
     else:
-        forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k, (window_size, alibi_slopes))
+        forward, backward = _numpy_passes(*values, causal, scale, block_q, block_k, extra)
     o, lse = forward(*values)
     if not tensors:
         return (o, lse) if return_lse else o
@@ -70,6 +68,8 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
     """The paper's loops, ``tiled_forward`` and ``tiled_backward``, on one thread, BLAS held to one
     thread: a tile's many small products stall on a multi-threaded BLAS when a core is busy."""
     tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K, variants=variants)
+    backward_tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q_BACKWARD, block_k or DEFAULT_BLOCK_K,
+                           variants=variants)
 
     def forward(q, k, v):
         with one_blas_thread():
@@ -80,27 +80,31 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
 
     def backward(q, k, v, o, lse, do):
         with one_blas_thread():
-            grads = tiled_backward(tiles, q, k, v, o, lse, do)
-        tiles.free_buffers()
-        tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
+            grads = tiled_backward(backward_tiles, q, k, v, o, lse, do)
+        backward_tiles.free_buffers()
+        backward_tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
 
 
-def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None, extra=None):
+def plain(extra: dict) -> bool:
+    """Are ``extra``'s variants (``flash_attention``'s keywords) all off?"""
+    return (tuple(extra["window_size"]) == (UNBOUNDED, UNBOUNDED) and extra["alibi_slopes"] is None
+            and not extra["softcap"] and not extra["dropout_p"])
+
+
+def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None, extra: dict):
     """The passes in the seam ``flash_passes`` (``tiled_passes``, or the lab's), run on the inputs
     in their statistics dtype (``statistics_dtype``), the outputs and grads cast back. ``extra``:
-    (window_size, alibi_slopes)."""
+    the variants' keywords, as ``variants`` takes them."""
     if any(array_module(x) is not np for x in (q, k, v)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
                         f"{', '.join(sorted({type(x).__module__ for x in (q, k, v)}))} arrays; use "
                         "backend='cupy' (or 'auto') for GPU arrays")
     heads = check_value_shape("flash_attention", q, k, v)
-    window_size, alibi_slopes = extra or ((UNBOUNDED, UNBOUNDED), None)
-    extras = variants("flash_attention", heads, causal, window_size, alibi_slopes=alibi_slopes)
-    plain = tuple(window_size) == (UNBOUNDED, UNBOUNDED) and alibi_slopes is None
+    extras = variants("flash_attention", heads, causal, **extra)
     forward, backward = KERNELS.flash_passes(heads, causal, softmax_scale(scale, heads.d), block_q, block_k,
-                                             None if plain else extras)
+                                             None if plain(extra) else extras)
     wide = statistics_dtype(np.result_type(q, k, v))
 
     def wide_forward(q, k, v):
@@ -129,9 +133,14 @@ def one_blas_thread():
     return contextlib.nullcontext() if blas is None else blas.limit(limits=1, user_api="blas")
 
 
-def _cupy_passes(causal, scale):
+def _cupy_passes(causal, scale, extra: dict):
     """The same passes on the GPU: ``kernels/flash_fwd.cu`` and ``flash_bwd.cu`` through CuPy
-    (``gpu``), float32, one thread block per (batch·head, query tile), no atomics in backward."""
+    (``gpu``), float32, one thread block per (batch·head, query tile), no atomics in backward; no
+    variant (``extra``, refused rather than ignored)."""
+    if not plain(extra):
+        raise ValueError(f"flash_attention(backend='cupy'): the CUDA kernels take no window_size, alibi_slopes, "
+                         f"softcap or dropout_p (got {tuple(extra['window_size'])}, {extra['alibi_slopes']!r}, "
+                         f"{extra['softcap']}, {extra['dropout_p']}); NumPy arrays take them all")
     from . import gpu
     ready, reason = gpu.available()
     if not ready:

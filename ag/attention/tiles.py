@@ -9,7 +9,7 @@ import numpy as np
 from ..modes import config
 from ..trace import count_matmul
 from .shapes import Heads
-from .variants import Variants
+from .variants import Variants, bh_index
 
 
 class Tiles:
@@ -25,6 +25,8 @@ class Tiles:
         self.offset = offset
         self._masks: dict[tuple, np.ndarray] = {}
         self._scores: np.ndarray | None = None  # S_ij's buffer, reused by every tile
+        self._tanh: np.ndarray | None = None  # softcap: the last tile's tanh(S / cap), for its slope
+        self._keep: tuple = (None, None)  # dropout: the last tile's (where, Z / (1 - p))
 
     def grouped(self, x: np.ndarray, group: int) -> np.ndarray:
         """(..., H, N, d) viewed as (..., Hkv, group, N, d): query heads side by side with their k/v head."""
@@ -70,14 +72,45 @@ class Tiles:
         Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory."""
         s = np.matmul(q_i, np.swapaxes(k_j, -1, -2),
                       out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], np.result_type(q_i, k_j)))
-        if self.variants is not None:  # a window (the causal mask folded in) and ALiBi's bias
+        if self.variants is not None:  # softcap, a window (the causal mask folded in) and ALiBi's bias
             rows, cols = np.arange(q_start, q_start + s.shape[-2]), np.arange(k_start, k_start + s.shape[-1])
-            np.copyto(s, self.variants.scores(s, rows, cols, self.heads.h_kv))
+            if self.variants.softcap:
+                self._cap(s)
+            np.copyto(s, self.variants.masked_and_biased(s, rows, cols, self.heads.h_kv))
             return s
         mask = self.mask(q_start, k_start, s.shape[-2], s.shape[-1], s.dtype)
         if mask is not None:
             np.fmin(s, mask, out=s)
         return s
+
+    def _cap(self, s: np.ndarray) -> None:
+        """S ← cap · tanh(S / cap) in S's buffer, FlashAttention's softcap, before the mask; the tanh
+        is kept for ``softcap_grad``."""
+        cap = s.dtype.type(self.variants.softcap)
+        self._tanh = np.tanh(s / cap)
+        np.multiply(self._tanh, cap, out=s)
+
+    def softcap_grad(self, ds: np.ndarray) -> np.ndarray:
+        """dS of the raw scores from dS of the capped ones, in place: dS ∘ (1 − tanh²(S / cap)), with
+        the tanh that the tile's ``scores`` just took; ds as it is without softcap."""
+        if self.variants is not None and self.variants.softcap:
+            ds *= 1 - np.square(self._tanh)
+        return ds
+
+    def dropout(self, x: np.ndarray, q_start: int, k_start: int) -> np.ndarray:
+        """x ∘ Z / (1 − p) for the tile at (q_start, k_start), Z its kept entries of P (``Variants.keep``:
+        Philox of the seed, the head and the absolute row and column, so every tiling draws the same
+        mask and none is stored); x itself without dropout. Backward uses a tile's mask twice: the
+        last one is kept."""
+        if self.variants is None or not self.variants.dropout_p:
+            return x
+        where = (q_start, k_start) + x.shape[-2:]
+        if self._keep[0] != where:
+            h = self.heads
+            rows, cols = np.arange(q_start, q_start + x.shape[-2]), np.arange(k_start, k_start + x.shape[-1])
+            bh = bh_index(h).reshape(h.lead + (h.h_kv, h.group))
+            self._keep = where, self.variants.keep(bh, rows, cols, x.dtype)
+        return x * self._keep[1]
 
     def _score_tile(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         size = math.prod(shape)
@@ -101,9 +134,11 @@ class Tiles:
         return np.sum(p, axis=-1, keepdims=True)
 
     def free_buffers(self) -> None:
-        """Free what the tiles keep between steps: the causal masks and the score buffer."""
+        """Free what the tiles keep between steps: the causal masks, the score buffer, softcap's tanh
+        and dropout's mask."""
         self._masks.clear()
-        self._scores = None
+        self._scores = self._tanh = None
+        self._keep = (None, None)
 
     def visited_keys(self, q_start: int, q_stop: int) -> list[slice]:
         """The key tiles the loops visit for rows q_start..q_stop-1, as slices."""

@@ -80,6 +80,10 @@ class Variants:
         softcapped, masked and biased: a tile's or a split's share of ``naive``'s S."""
         if self.softcap:
             s = np.tanh(s / self.softcap) * s.dtype.type(self.softcap)
+        return self.masked_and_biased(s, rows, cols, h_kv)
+
+    def masked_and_biased(self, s: np.ndarray, rows: np.ndarray, cols: np.ndarray, h_kv: int) -> np.ndarray:
+        """Grouped scores, already softcapped, with the window's (and causal) mask and ALiBi's bias."""
         visible = self.visible(rows, cols)
         if visible is not None:
             s = np.where(visible, s, s.dtype.type(-np.inf))

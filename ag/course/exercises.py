@@ -102,7 +102,8 @@ EXERCISES = (
         "next call overwrites, as on-chip memory on a GPU); tiles.key_tiles(q_start, q_stop) the k_start "
         "of each key tile that rows q_start..q_stop-1 can see (a range in steps of tiles.block_k; causal: "
         "up to the last key they see), its columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of a tile, as (rows, 1) "
-        "columns (np.max and np.sum with keepdims=True). "
+        "columns (np.max and np.sum with keepdims=True). Multiply V by tiles.dropout(p, q_start, k_start), "
+        "P with dropout's mask applied (P itself without dropout), and sum the undropped P into l_i. "
         "flash_attention runs your loop.",
         (("attention.forward", "tiled_forward"),),
         "import numpy as np\n\nfrom ag.attention.tiles import Tiles, forward_outputs",
@@ -120,7 +121,10 @@ EXERCISES = (
         "tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile, "
         "scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D), "
         "dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale "
-        "once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). "
+        "once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). With dropout, "
+        "dV takes tiles.dropout(p, q_start, k_start) for P and dP is tiles.dropout(dO V^T, q_start, k_start) "
+        "(each the array itself without dropout); with softcap, tiles.softcap_grad(ds) multiplies dS by "
+        "the cap's slope in place before dQ and dK. "
         "flash_attention runs your loop.",
         (("attention.backward", "tiled_backward"),),
         "import numpy as np\n\nfrom ag.attention.tiles import Tiles, group_sum",

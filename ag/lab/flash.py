@@ -31,7 +31,7 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
     """Forward and backward on NumPy: the paper's ``tiled_forward`` and ``tiled_backward`` on the lab's
     tiles (``LabTiles``) over one call's runs (some key/value heads each) on the lab's ``workers()``
     threads. ``fixed_shift``: ``fixed_shift_forward`` and ``base2_backward`` instead, faster and less
-    exact (``fixed_shift_passes``). A window or ALiBi (``variants``) runs the classroom's passes."""
+    exact (``fixed_shift_passes``). Any variant (``variants``) runs the classroom's passes."""
     if variants is not None:
         return tiled_passes(heads, causal, scale, block_q, block_k, variants)
     forward_loop, backward_loop = (fixed_shift_forward, base2_backward) if fixed_shift else (tiled_forward, tiled_backward)
