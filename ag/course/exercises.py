@@ -203,7 +203,7 @@ EXERCISES = (
         "opt.step()\n"
         "print('temporary MB in a step:', round(tracemalloc.get_traced_memory()[1] / 1e6, 1), '(one parameter: 8.0)')",
         "w after 3 steps: [ 0.7016 -1.7006  2.7004] | state bytes: 48\n"
-        "temporary MB in a step: 8.0 (one parameter: 8.0)"),
+        "temporary MB in a step: 0.3 (one parameter: 8.0)"),
 )
 
 
