@@ -331,9 +331,9 @@ def test_second(worker):
 
 
 @pytest.mark.points(1)
-def test_the_headroom_holds_half_of_it_and_not_all(worker):
+def test_the_headroom_holds_half_of_it_and_not_an_eighth_more(worker):
     assert worker(allocates, 256) is True
-    assert worker(allocates, 512) == "MemoryError"
+    assert worker(allocates, 576) == "MemoryError"  # exactly 512 may fit: the worker's own mappings shrink
 '''
 
 LIMIT_AT_IMPORT = "\nimport resource\nLIMIT_AT_IMPORT = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
