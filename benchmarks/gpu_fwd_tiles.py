@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ag.attention import gpu  # noqa: E402
 from gpu_attention import B, H, Inputs, flops, seconds_per_call  # noqa: E402
 
+THREADS = gpu.THREADS["flash_fwd_f32"]  # the launch the kernel is built for
+
 
 def build(d: int, block_k: int):
     """(kernel, shared bytes, registers, blocks an SM) of flash_fwd.cu built with FWD_BLOCK_K = block_k."""
@@ -28,11 +30,10 @@ def build(d: int, block_k: int):
     kernel = module.get_function("flash_fwd_f32")
     smem = int(cp.ndarray((), cp.int32, module.get_global("flash_fwd_f32_smem")).get())
     kernel.max_dynamic_shared_size_bytes = smem
-    threads = gpu.THREADS["flash_fwd_f32"]
     try:  # CUDA's occupancy calculator
-        blocks = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
+        blocks = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, smem)
     except Exception:  # by hand: 64K registers and 228 KB of shared memory (1 KB of it reserved a block) an SM
-        blocks = min(65536 // (threads * kernel.num_regs), 228 * 1024 // (smem + 1024))
+        blocks = min(65536 // (THREADS * kernel.num_regs), 228 * 1024 // (smem + 1024))
     return kernel, smem, kernel.num_regs, blocks
 
 
@@ -46,7 +47,6 @@ def main() -> None:
     import cupy as cp
     import torch
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    threads = gpu.THREADS["flash_fwd_f32"]
     print("| d | BLOCK_K | regs | smem KB | blocks/SM | mask | N | ag TFLOP/s | torch fp32 | ratio | max |ΔO| vs default |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.d:
@@ -61,7 +61,7 @@ def main() -> None:
                 for block_k in args.block_k:
                     kernel, smem, regs, blocks = build(d, block_k)
                     o, lse = cp.empty_like(x.q), cp.empty(x.q.shape[:-1], cp.float32)
-                    call = lambda: kernel(launch.query_grid(), (threads,), (x.q, x.k, x.v, o, lse) + launch.args(),
+                    call = lambda: kernel(launch.query_grid(), (THREADS,), (x.q, x.k, x.v, o, lse) + launch.args(),
                                           shared_mem=smem)
                     rate = flops(n, d, causal) / seconds_per_call(call, args.trials) / 1e12
                     diff = float(cp.abs(o - reference).max())
