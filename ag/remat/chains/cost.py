@@ -1,6 +1,6 @@
-"""What a chain plan costs: a chain's per-layer bytes and FLOPs (``profile``) and the peak bytes
-and recomputed FLOPs that keeping some outputs predicts (``predict``), as the ``Prediction`` that
-``model.simulate`` gives a schedule on a captured graph."""
+"""What a chain plan costs: a chain's per-layer bytes and FLOPs (``profile``), the plan as the
+schedule ``sequential`` runs (``sequential_schedule``), and its peak bytes and recomputed FLOPs
+(``predict``): the ``Prediction`` that ``model.simulate`` gives every schedule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +10,9 @@ from ...modes import no_grad
 from ...tensor import Tensor
 from ...trace import count_ops
 from ..graphs.model import Prediction
+from ..graphs.schedule import Schedule
 from .runner import Layer, check_checkpoints
-from .schedule import chain_graph, sequential_schedule
+from .schedule import chain_graph, sequential_matrices
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,24 @@ def as_profile(chain) -> ChainProfile:
     return ChainProfile(sizes, (1,) * len(sizes))
 
 
+def sequential_schedule(chain, checkpoints: Sequence[int], *, mode: str = "segment") -> Schedule:
+    """What ``sequential(layers, x, checkpoints, mode=mode)`` runs, as a schedule on the chain's
+    graph: note 6's R and S, priced by its memory model (``.prediction``, ``.draw()``)."""
+    if mode not in ("segment", "tensor"):
+        raise ValueError(f"sequential_schedule: mode must be 'segment' or 'tensor', got {mode!r}")
+    p = as_profile(chain)
+    kept = check_checkpoints("sequential_schedule", checkpoints, p.n)
+    R, S = sequential_matrices(p.n, kept, mode)
+    return Schedule(chain_graph(p.sizes, p.costs, kept), R, S, f"sequential ({mode})")
+
+
 def predict(chain, checkpoints: Sequence[int], *, mode: str = "segment") -> Prediction:
-    """Peak activation bytes and recomputed FLOPs of keeping ``checkpoints`` (see ``sequential``):
-    the plan as the schedule ``sequential`` runs on the chain's graph, priced by ``model.simulate``.
+    """Peak activation bytes and recomputed FLOPs of keeping ``checkpoints``: the schedule
+    ``sequential`` runs (``sequential_schedule``), priced by ``model.simulate``.
 
     Alive at backward step m (layer m, from n-1 down): the kept outputs up to m, the replayed
     values of the run before m (segment mode) or the values being replayed (tensor mode:
     two at a time, then x_{m-1}), and two grads, x_m's and x_{m-1}'s. Forward holds the kept
     outputs, the layer's input and its output.
     """
-    if mode not in ("segment", "tensor"):
-        raise ValueError(f"predict: mode must be 'segment' or 'tensor', got {mode!r}")
-    p = as_profile(chain)
-    kept = check_checkpoints("predict", checkpoints, p.n)
-    return sequential_schedule(chain_graph(p.sizes, p.costs, kept), kept, mode).prediction
+    return sequential_schedule(chain, checkpoints, mode=mode).prediction

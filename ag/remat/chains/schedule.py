@@ -1,6 +1,6 @@
 """A chain plan as a schedule on the chain's graph, so that the one memory model
 (``graphs.model.simulate``) prices it: ``chain_graph`` is a chain seen as a graph (node k reads
-node k-1), ``sequential_schedule`` the R and S matrices of what ``sequential`` runs.
+node k-1), ``sequential_matrices`` the R and S matrices of what ``sequential`` runs.
 
 Chain terms: node k is layer k's output x_k; backward step m (m = n-1 down to 0) reads x_{m-1}
 (the chain's input x_{-1} is data, not a node), holds x_m's grad and makes x_{m-1}'s. What
@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 
 from ..graphs.graph import BackwardStep, Call, Graph, Node
-from ..graphs.schedule import Schedule
 
 
 def _not_runnable(*args, **kwargs):
@@ -41,9 +40,9 @@ def chain_graph(sizes: Sequence[int], costs: Sequence[int], kept: set[int] = fro
     return Graph(nodes, steps, [], n - 1)
 
 
-def sequential_schedule(graph: Graph, kept: set[int], mode: str = "segment") -> Schedule:
-    """The schedule ``sequential(layers, x, kept, mode=mode)`` runs, on ``chain_graph(..., kept)``."""
-    n, T = graph.n, graph.stages
+def sequential_matrices(n: int, kept: set[int], mode: str = "segment") -> tuple[np.ndarray, np.ndarray]:
+    """R and S of what ``sequential(layers, x, kept, mode=mode)`` runs on n layers (``chain_graph``'s stages)."""
+    T = 2 * n
     R = np.zeros((T, n), dtype=bool)
     S = np.zeros((T, n), dtype=bool)
     for k in range(n):
@@ -55,7 +54,7 @@ def sequential_schedule(graph: Graph, kept: set[int], mode: str = "segment") -> 
     for m in range(n - 1, 0, -1):
         if m - 1 not in kept and not S[stage_of(n, m), m - 1]:
             _replay(R, S, n, kept, m, mode)
-    return Schedule(graph, R, S, f"sequential ({mode})")
+    return R, S
 
 
 def stage_of(n: int, m: int) -> int:

@@ -1,6 +1,6 @@
 """The one memory model: what a schedule holds, event by event. ``simulate`` predicts a
-schedule's peak with it, ``execute`` runs the same events on the engine, and the MILP in
-``checkmate`` writes the same accounting as constraints.
+schedule's peak with it (a chain plan's too: ``chains.cost.predict``), ``execute`` runs the same
+events on the engine, and the MILP in ``checkmate`` writes the same accounting as constraints.
 
 A schedule is Checkmate's pair of 0/1 matrices over stages t and nodes i (Jain et al. 2020):
 ``R[t, i]`` = node i is computed in stage t, ``S[t, i]`` = node i is resident when stage t
