@@ -31,13 +31,14 @@ def chain_graph(sizes: Sequence[int], costs: Sequence[int], kept: set[int] = fro
     FLOPs; step m reads x_{m-1} (and x_m if kept), holds x_m's grad (``grad_bytes`` = s_m) and
     makes x_{m-1}'s (``extra_bytes``)."""
     n = len(sizes)
-    nodes = [Node(k, f"layer {k}", (), np.dtype(np.uint8), int(sizes[k]), 0, int(costs[k]),
-                  (k - 1,) if k > 0 else (), None, True, (), Call(_not_runnable, (), {}))
+    nodes = [Node(index=k, op=f"layer {k}", shape=(), dtype=np.dtype(np.uint8), bytes=int(sizes[k]),
+                  hidden_bytes=0, flops=int(costs[k]), deps=(k - 1,) if k > 0 else (), view_of=None,
+                  has_backward=True, scope=(), call=Call(_not_runnable, (), {}))
              for k in range(n)]
-    steps = [BackwardStep(m, ((m - 1,) if m > 0 else ()) + ((m,) if m in kept else ()),
-                          int(sizes[m]), int(sizes[m - 1]) if m > 0 else 0)
+    steps = [BackwardStep(node=m, reads=((m - 1,) if m > 0 else ()) + ((m,) if m in kept else ()),
+                          grad_bytes=int(sizes[m]), extra_bytes=int(sizes[m - 1]) if m > 0 else 0)
              for m in range(n - 1, -1, -1)]
-    return Graph(nodes, steps, [], n - 1)
+    return Graph(nodes, steps, leaves=[], loss=n - 1)
 
 
 def sequential_matrices(n: int, kept: set[int], mode: str = "segment") -> tuple[np.ndarray, np.ndarray]:
