@@ -262,6 +262,56 @@ def test_predict_counts_one_extra_forward_for_segment_mode():
     assert cost.recompute_layers == 9 - 3  # x_0..x_8 are read by backward; 2, 5, 8 are kept
 
 
+def _closed_form(s, costs, kept, mode):
+    """Lecture 3's sum, step by step: forward holds the kept outputs, the layer's input and its
+    output; backward step m the kept outputs up to m, the replayed run, x_m's and x_{m-1}'s grads."""
+    n, peak, flops, layers = len(s), 0, 0, 0
+    kept_up_to = lambda m: sum(s[i] for i in kept if i <= m)  # noqa: E731
+    for k in range(n):
+        peak = max(peak, kept_up_to(k - 1) + (s[k - 1] if k > 0 and k - 1 not in kept else 0) + s[k])
+    for m in range(n - 1, -1, -1):
+        grads = s[m] + (s[m - 1] if m > 0 else 0)
+        run = range(max([c for c in kept if c < m - 1], default=-1) + 1, m) if m > 0 and m - 1 not in kept else ()
+        if mode == "segment":
+            step = sum(s[i] for i in run) + grads
+        else:
+            walk = max((s[i] + s[i + 1] for i in run if i + 1 < m), default=0)
+            step = s[m] + max(walk, s[m - 1] + s[m - 1]) if run else grads
+            flops, layers = flops + sum(costs[i] for i in run), layers + len(run)
+        peak = max(peak, kept_up_to(m) + step)
+    if mode == "segment":
+        replayed = [i for i in range(n - 1) if i not in kept]
+        flops, layers = sum(costs[i] for i in replayed), len(replayed)
+    return peak, flops, layers
+
+
+@pytest.mark.parametrize("mode", ["segment", "tensor"])
+def test_predict_prices_every_plan_of_small_chains_as_the_lectures_closed_form(mode):
+    import itertools
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 6):
+        for _ in range(3):
+            s = [int(v) for v in rng.integers(1, 10, n)]
+            costs = [int(v) for v in rng.integers(1, 10, n)]
+            for r in range(n + 1):
+                for kept in itertools.combinations(range(n), r):
+                    got = remat.predict(remat.ChainProfile(tuple(s), tuple(costs)), kept, mode=mode)
+                    want = _closed_form(s, costs, set(kept), mode)
+                    assert (got.peak_bytes, got.recompute_flops, got.recompute_layers) == want, (s, kept)
+
+
+def test_a_chain_plan_is_a_schedule_whose_steps_read_the_layer_input_and_a_kept_output():
+    schedule = remat.sequential_schedule([4, 1, 1, 4], [1], mode="segment")
+    assert [step.reads for step in schedule.graph.steps] == [(2,), (1,), (0, 1), ()]
+    assert schedule.recomputed() == [0, 2]  # x_2 for step 3, x_0 for step 1; x_3 is read by no step
+    assert schedule.prediction == remat.simulate(schedule.graph, schedule.R, schedule.S)
+
+
+def test_sequential_schedule_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode must be 'segment' or 'tensor', got 'chen'"):
+        remat.sequential_schedule([1, 1], [0], mode="chen")
+
+
 # ---- measured against predicted ----
 
 MEASURE_N, MEASURE_B, MEASURE_D = 16, 2048, 64  # activations 1 MB each, weights 32 KB
@@ -295,6 +345,23 @@ def test_predicted_peak_is_within_5_percent_of_tracemalloc(matmul_chain, strateg
     mode = remat.mode_for(strategy)
     predicted = remat.predict(remat.profile(layers, x), kept, mode=mode).peak_bytes
     assert measured_peak(layers, x, kept, mode) == pytest.approx(predicted, rel=0.05)
+
+
+@pytest.mark.parametrize("strategy, mode", [("sqrt", "segment"), ("uniform", "segment"), ("all", "tensor")])
+def test_the_schedule_of_a_plan_recomputes_as_many_products_as_sequential_runs(matmul_chain, strategy, mode):
+    layers, x = matmul_chain
+    kept = remat.plan(MEASURE_N, strategy, **({"num_layers": 3} if strategy == "uniform" else {}))
+    with ag.count_ops() as counts:
+        ag.sum(remat.sequential(layers, x, kept, mode=mode)).backward()
+    schedule = remat.sequential_schedule([1] * MEASURE_N, kept, mode=mode)
+    assert counts.matmuls["recompute"] == schedule.prediction.recompute_layers > 0
+
+
+def test_a_one_layer_chain_keeping_its_output_holds_it_beside_its_grad_in_backward(matmul_chain):
+    layers, x = matmul_chain
+    act = MEASURE_B * MEASURE_D * 8
+    assert remat.predict(remat.profile(layers[:1], x), [0]).peak_bytes == 2 * act
+    assert measured_peak(layers[:1], x, [0], "segment") == pytest.approx(2 * act, rel=0.05)
 
 
 def test_measured_peaks_order_none_above_uniform_and_sqrt_above_all(matmul_chain):

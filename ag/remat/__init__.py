@@ -6,7 +6,8 @@ it for a chain of layers ``x_k = layers[k](x_{k-1})``:
 
 - ``plan(n, strategy, ...)`` chooses which layer outputs to keep;
 - ``sequential(layers, x, checkpoints)`` runs the chain and wires the rematerializers;
-- ``predict(chain, checkpoints)`` says what a plan costs (peak bytes, recomputed FLOPs);
+- ``predict(chain, checkpoints)`` says what a plan costs (peak bytes, recomputed FLOPs): it is
+  the schedule ``sequential`` runs (``sequential_schedule``), priced by the graphs' one memory model;
 - ``dynamic(layers, x, budget_bytes)`` evicts at run time, DTR-style, with no plan;
 - ``checkpoint(fn, *inputs)`` is the function form (``torch.utils.checkpoint``, Megatron's
   and NeMo's recomputation): keep a block's inputs only, rerun the block in backward.
@@ -23,8 +24,8 @@ On any graph (Checkmate's view, Jain et al. 2020):
 - ``dynamic(graph, budget_bytes)`` is DTR on any graph, at run time;
 - ``from_keep``, ``chain_schedule`` and ``nemo`` write the fixed plans as schedules on a graph.
 
-Chains (lecture 3) live in ``chains/``: ``runner`` (sequential and its replay), ``cost`` (profile,
-predict), ``plans`` (the chain strategies), ``dtr`` (dynamic on a chain). Graphs (lecture 6) live
+Chains (lecture 3) live in ``chains/``: ``runner`` (sequential and its replay), ``schedule`` (a
+chain as a graph, a plan as R and S), ``cost`` (profile, sequential_schedule, predict), ``plans`` (the chain strategies), ``dtr`` (dynamic on a chain). Graphs (lecture 6) live
 in ``graphs/``: ``graph`` (the data), ``capture``, ``model`` (the one memory model), ``schedule``,
 ``execute`` (the one runner), ``keep`` (a fixed set kept, as a schedule), ``chain_plans`` and
 ``nemo`` (the chain planners and NeMo's modes as such schedules), ``checkmate``, ``moccasin``,
@@ -32,7 +33,7 @@ in ``graphs/``: ``graph`` (the data), ``capture``, ``model`` (the one memory mod
 the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
 """
 from ..checkpoint import checkpoint
-from .chains.cost import ChainProfile, as_profile, predict, profile
+from .chains.cost import ChainProfile, as_profile, predict, profile, sequential_schedule
 from .chains.plans import STRATEGIES, mode_for, plan
 from .chains.runner import Layer, sequential
 from .graphs import examples
@@ -53,4 +54,4 @@ __all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainPro
            "Graph", "Layer", "Node", "Prediction", "Revolve", "Schedule", "ScheduleError", "as_profile",
            "binomial_forwards", "capture", "chain_schedule", "checkmate", "checkpoint", "dp_forwards", "dynamic",
            "execute", "from_keep", "lower_bound_bytes", "moccasin", "mode_for", "nemo", "one_level_forwards", "plan", "predict",
-           "profile", "revolve", "sequential", "simulate"]
+           "profile", "revolve", "sequential", "sequential_schedule", "simulate"]

@@ -1,4 +1,5 @@
 """Exercise 6: the √n plan and the optimal plan under a budget."""
+import functools
 import itertools
 
 import numpy as np
@@ -31,13 +32,15 @@ def optimal_plans(ex, sizes, costs, budgets):
 
 def brute_force(profile, budget):
     """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan)."""
-    best = None
-    for r in range(profile.n + 1):
-        for kept in itertools.combinations(range(profile.n), r):
-            cost = remat.predict(profile, kept)
-            if cost.peak_bytes <= budget and (best is None or cost.recompute_flops < best):
-                best = cost.recompute_flops
-    return best
+    return min((flops for peak, flops in every_plan(profile) if peak <= budget), default=None)
+
+
+@functools.lru_cache(maxsize=4)
+def every_plan(profile):
+    """(predicted peak, recomputed FLOPs) of each of the chain's 2^n plans, priced once for every budget."""
+    costs = [remat.predict(profile, kept) for r in range(profile.n + 1)
+             for kept in itertools.combinations(range(profile.n), r)]
+    return [(cost.peak_bytes, cost.recompute_flops) for cost in costs]
 
 
 def long_chain():

@@ -1,4 +1,5 @@
 """Rematerialization on a chain of layers (lecture 3): ``runner`` runs a chain keeping some outputs
-and replaying the rest (``sequential``), ``cost`` says what a plan costs (``profile``, ``predict``),
+and replaying the rest (``sequential``), ``schedule`` writes a chain as a graph and a plan as the R
+and S it runs, ``cost`` says what a plan costs (``profile``, ``sequential_schedule``, ``predict``),
 ``plans`` chooses the outputs to keep (``plan``), ``dtr`` evicts at run time (``dynamic_chain``).
 The package imports nothing itself: ``ag.remat`` gathers the public names."""

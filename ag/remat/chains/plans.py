@@ -72,10 +72,6 @@ def _every(k: int, n: int) -> list[int]:
     return list(range(k - 1, n - 1, k))
 
 
-def _fits(p: ChainProfile, kept: list[int], budget: int) -> bool:
-    return predict(p, kept).peak_bytes <= budget
-
-
 def _greedy(p: ChainProfile, budget: int) -> list[int]:
     best = None
     for threshold in sorted({0} | set(np.cumsum(p.sizes).tolist()) | set(p.sizes)):  # 0 keeps all
@@ -85,8 +81,8 @@ def _greedy(p: ChainProfile, budget: int) -> list[int]:
             if run > threshold:
                 kept.append(k)
                 run = 0
-        if _fits(p, kept, budget):
-            cost = predict(p, kept)
+        cost = predict(p, kept)
+        if cost.peak_bytes <= budget:
             key = (cost.recompute_flops, cost.peak_bytes)
             if best is None or key < best[0]:
                 best = (key, kept)

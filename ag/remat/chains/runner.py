@@ -4,7 +4,8 @@ every other output a rematerializer that replays the layers from the nearest kep
 Indices: layer k's output is ``x_k``; the chain's input (index -1) is always kept. A layer whose
 output is kept keeps everything it made that backward reads; a layer whose output is not kept
 has its output and its internals recomputed, by replaying the layers from the nearest kept
-output under ``no_grad``.
+output under ``no_grad``. ``schedule.sequential_matrices`` writes what it runs as R and S on the
+chain's graph: that is what ``predict`` prices.
 """
 from __future__ import annotations
 

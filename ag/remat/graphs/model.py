@@ -1,6 +1,6 @@
 """The one memory model: what a schedule holds, event by event. ``simulate`` predicts a
-schedule's peak with it, ``execute`` runs the same events on the engine, and the MILP in
-``checkmate`` writes the same accounting as constraints.
+schedule's peak with it (a chain plan's too: ``chains.cost.predict``), ``execute`` runs the same
+events on the engine, and the MILP in ``checkmate`` writes the same accounting as constraints.
 
 A schedule is Checkmate's pair of 0/1 matrices over stages t and nodes i (Jain et al. 2020):
 ``R[t, i]`` = node i is computed in stage t, ``S[t, i]`` = node i is resident when stage t
@@ -56,19 +56,28 @@ def events(graph: Graph, R: np.ndarray, S: np.ndarray) -> Iterator[tuple[str, in
         raise ScheduleError(f"schedule: R and S must have shape (stages, nodes) = {(T, n)}, "
                             f"got {R.shape} and {S.shape}")
     resident: set[int] = set()
+    kept_rows, compute_rows = rows(S), rows(R)
     for t in range(T):
-        kept = set(np.flatnonzero(S[t]).tolist())
+        kept = set(kept_rows[t])
         if kept - resident:
             raise ScheduleError(f"schedule: stage {t} keeps nodes {sorted(kept - resident)} that are not resident")
         for v in kept:
             if graph.nodes[v].view_of is not None and graph.nodes[v].view_of not in kept:
                 raise ScheduleError(f"schedule: stage {t} keeps view {v} without its base {graph.nodes[v].view_of}")
-        computes = np.flatnonzero(R[t]).tolist()
+        computes = compute_rows[t]
         if t < n and (t not in computes or max(computes) > t):
             raise ScheduleError(f"schedule: forward stage {t} must compute node {t} and nothing after it, "
                                 f"computes {computes}")
-        keep_next = set(np.flatnonzero(S[t + 1]).tolist()) if t + 1 < T else set()
+        keep_next = set(kept_rows[t + 1]) if t + 1 < T else set()
         yield from stage_events(graph, t, resident, computes, keep_next)
+
+
+def rows(M: np.ndarray) -> list[list[int]]:
+    """The column indices of each row's True entries (one NumPy call for the whole matrix)."""
+    out: list[list[int]] = [[] for _ in range(len(M))]
+    for t, i in zip(*(axis.tolist() for axis in np.nonzero(M))):
+        out[t].append(i)
+    return out
 
 
 def stage_events(graph: Graph, t: int, resident: set[int], computes: list[int],
@@ -133,12 +142,13 @@ class Memory:
         self.hidden = 0  # closures' arrays: from a node's first computation to its backward step
         self.grads = 0
         self.made: set[int] = set()
-        self.peak = graph.leaf_bytes
+        self.leaf_bytes = graph.leaf_bytes  # the leaves stay: summed once
+        self.peak = self.leaf_bytes
         self.t = -1  # the stage running
 
     @property
     def alive(self) -> int:
-        return self.graph.leaf_bytes + self.values + self.hidden + self.grads
+        return self.leaf_bytes + self.values + self.hidden + self.grads
 
     def stage(self, t: int) -> None:
         self.t = t
