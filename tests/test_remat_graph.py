@@ -15,6 +15,7 @@ import pytest
 import ag
 from ag import memory_model, nn, remat
 from ag.remat import examples
+from ag.attention import flash_attention
 from ag.remat.graphs.model import stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -189,6 +190,36 @@ def test_capture_of_a_step_with_no_grad_is_refused():
         remat.capture(lambda x: ag.sum(x * x), x)
     with pytest.raises(remat.CaptureError, match="scalar"):
         remat.capture(lambda x: x * ag.Tensor(np.ones((4, 4), np.float32), requires_grad=True), x)
+
+
+def test_capture_refuses_an_op_that_gave_make_output_no_call():
+    def square(a):
+        def _backward(out, saved):
+            return (2 * saved[a] * out.grad,)
+        return ag.make_output(a.value * a.value, "square", (a,), _backward, saves=(a,))
+    x = ag.Tensor(np.ones((4, 4)), requires_grad=True)
+    with pytest.raises(remat.CaptureError, match=r"op square gave make_output no call=\(fn, \*args\)"):
+        remat.capture(lambda x: ag.sum(square(x)), x)
+
+
+def test_each_ops_op_run_event_carries_a_call_that_makes_the_same_value_again():
+    from ag import hooks
+    rng = np.random.default_rng(0)
+    x = ag.Tensor(rng.standard_normal((2, 3, 4)), requires_grad=True)
+    w = ag.Tensor(rng.standard_normal((4, 5)), requires_grad=True)
+    b = ag.Tensor(rng.standard_normal(5), requires_grad=True)
+    runs = []
+    with hooks.subscribed("op run", lambda output, call: runs.append((output, call))):
+        ops = [x + 2, 3 - x, x * x, x / 2, x ** 3, -x, ag.exp(x), ag.log(x * x + 1), ag.sqrt(x * x), ag.relu(x),
+               ag.tanh(x), ag.sigmoid(x), ag.gelu(x), ag.sum(x, axis=1), ag.mean(x, (0, 2), keepdims=True),
+               ag.max(x, -1), ag.logsumexp(x, 1), ag.softmax(x), ag.log_softmax(x, 0), x @ w,
+               ag.linear(x, w), ag.linear(x, w, b), x.reshape(6, 4), x.T, x[1, ::2], ag.concat([x, x], 1),
+               ag.where(x.value > 0, x, 0.5), ag.layer_norm(x, b[:4], b[1:]), ag.dropout(x, 0.5, rng),
+               ag.scaled_masked_softmax(x, 0.5, causal=True), flash_attention(x, x, x, causal=True)]
+    assert {out.op for out, _ in runs} >= {out.op for out in ops} and len({out.op for out in ops}) == 30
+    for out, (fn, *args) in runs:
+        again = fn(*args)
+        np.testing.assert_array_equal(again.value, out.value, err_msg=f"{out.op}'s call made another value")
 
 
 # ---- one memory model ----
