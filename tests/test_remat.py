@@ -148,8 +148,8 @@ def test_a_layer_that_replays_differently_is_reported(weights, x_value):
 # ---- plan and predict ----
 
 def test_plan_none_keeps_everything_and_all_keeps_nothing():
-    assert remat.plan(10, "none") == list(range(10))
-    assert remat.plan(10, "all") == []
+    assert remat.plan(10, "keep all") == list(range(10))
+    assert remat.plan(10, "keep none") == []
 
 
 def test_plan_uniform_keeps_the_input_of_every_block_of_num_layers():
@@ -338,7 +338,7 @@ def measured_peak(layers, x, checkpoints, mode):
 
 
 @pytest.mark.parametrize("strategy, options", [
-    ("none", {}), ("all", {}), ("sqrt", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 6})])
+    ("keep all", {}), ("keep none", {}), ("sqrt", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 6})])
 def test_predicted_peak_is_within_5_percent_of_tracemalloc(matmul_chain, strategy, options):
     layers, x = matmul_chain
     kept = remat.plan(MEASURE_N, strategy, **options)
@@ -367,9 +367,9 @@ def test_a_one_layer_chain_keeping_its_output_holds_it_beside_its_grad_in_backwa
 def test_measured_peaks_order_none_above_uniform_and_sqrt_above_all(matmul_chain):
     layers, x = matmul_chain
     peak = {s: measured_peak(layers, x, remat.plan(MEASURE_N, s, **o), remat.mode_for(s))
-            for s, o in [("none", {}), ("uniform", {"num_layers": 4}), ("sqrt", {}), ("all", {})]}
-    assert peak["none"] > peak["uniform"] > peak["all"]
-    assert peak["none"] > peak["sqrt"] > peak["all"]
+            for s, o in [("keep all", {}), ("uniform", {"num_layers": 4}), ("sqrt", {}), ("keep none", {})]}
+    assert peak["keep all"] > peak["uniform"] > peak["keep none"]
+    assert peak["keep all"] > peak["sqrt"] > peak["keep none"]
 
 
 def test_the_optimal_plan_stays_under_its_budget_when_measured(matmul_chain):
@@ -413,12 +413,12 @@ def test_dynamic_peak_follows_its_budget(matmul_chain):
 
 
 @pytest.mark.parametrize("strategy, options", [
-    ("none", {}), ("all", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 4}),
+    ("keep all", {}), ("keep none", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 4}),
     ("sqrt", {}), ("greedy", {"budget": 0.7}), ("optimal", {"budget": 0.6})])
 def test_every_strategy_gives_gradients_bit_identical_to_none(weights, x_value, strategy, options):
     x = ag.Tensor(x_value, requires_grad=True)
     layers = _layers(weights)
-    ag.sum(remat.sequential(layers, x, remat.plan(N_LAYERS, "none"))).backward()
+    ag.sum(remat.sequential(layers, x, remat.plan(N_LAYERS, "keep all"))).backward()
     expected = grads(weights) + [x.grad.copy()]
     for t in [*weights, x]:
         t.zero_grad()

@@ -106,7 +106,7 @@ def run(schedule, leaves):
 
 def planners(graph):
     """Every fixed planner that applies to this graph."""
-    out = [remat.chain_schedule(graph, s) for s in ("none", "all", "sqrt")]
+    out = [remat.chain_schedule(graph, s) for s in ("keep all", "keep none", "sqrt")]
     out.append(remat.chain_schedule(graph, "uniform", num_layers=2))
     for granularity in ("selective", "full"):
         try:
@@ -246,7 +246,7 @@ def test_prediction_is_within_5_percent_of_the_measured_peak_for_every_planner(g
                                   "2-layer transformer"])
 def test_dtr_predicts_its_own_peak_within_5_percent(graphs, name):
     graph, leaves, _ = graphs[name]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for heuristic in remat.HEURISTICS:
         for t in leaves:
             t.grad = None
@@ -284,7 +284,7 @@ def test_dynamic_captures_a_function_itself():
 
 def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
     graph, leaves, _ = graphs["residual MLP"]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     flops = [remat.dynamic(graph, int(f * none)).recompute_flops for f in (1.0, 0.8, 0.6)]
     assert flops[0] == 0 and flops[0] <= flops[1] <= flops[2] and flops[2] > 0
 
@@ -292,7 +292,7 @@ def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
 
 def test_dtr_records_the_schedule_it_ran_which_the_model_prices_and_execute_replays(graphs):
     graph, leaves, expected = graphs["U-Net"]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     result = remat.dynamic(graph, int(0.6 * none))
     ran = result.schedule
     assert isinstance(ran, remat.Schedule) and result.recompute_flops > 0
@@ -305,7 +305,7 @@ def test_dtr_records_the_schedule_it_ran_which_the_model_prices_and_execute_repl
 
 def test_one_prediction_class_prices_chain_plans_and_schedules(graphs):
     graph = graphs["residual MLP"][0]
-    schedule = remat.chain_schedule(graph, "all")
+    schedule = remat.chain_schedule(graph, "keep none")
     assert type(schedule.prediction) is remat.Prediction is type(remat.predict([4, 4, 4], []))
     assert schedule.prediction.recompute_layers == len(schedule.recomputed()) > 0  # each segment replayed once
 
@@ -407,7 +407,7 @@ def test_checkmate_agrees_with_brute_force_on_random_dags_of_at_most_8_nodes(see
     graph = remat.capture(fn, *inputs)
     assert graph.n <= 8
     floor = remat.lower_bound_bytes(graph)
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for budget in np.linspace(floor, none, 5).astype(int):
         expected = brute_force(graph, int(budget))
         if expected is None:
@@ -435,7 +435,7 @@ def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graph
 def test_checkmate_recomputes_nothing_at_the_no_remat_peak(graphs):
     for name in ("residual MLP", "U-Net", "transformer (naive)"):
         graph = graphs[name][0]
-        found = checkmate(graph, remat.chain_schedule(graph, "none").predicted_peak_bytes)
+        found = checkmate(graph, remat.chain_schedule(graph, "keep all").predicted_peak_bytes)
         assert found.recompute_flops == 0 and found.status == "optimal" and found.gap == 0
 
 
@@ -500,7 +500,7 @@ def test_a_sweep_plans_the_chain_once_and_picks_what_chain_schedule_picks(graphs
 def test_checkmate_never_predicts_more_than_its_budget(graphs):
     graph = graphs["U-Net"][0]
     floor = remat.lower_bound_bytes(graph)
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for budget in np.linspace(floor, none, 6).astype(int)[1:]:
         for relax in (False, True):
             try:
@@ -552,7 +552,7 @@ def test_a_stopped_solve_reports_feasible_with_its_gap(graphs):
 
 def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
     graph = graphs["residual MLP"][0]
-    none = remat.chain_schedule(graph, "none")
+    none = remat.chain_schedule(graph, "keep all")
     S = none.S.copy()
     S[graph.n:, :] = False  # keep nothing into backward, recompute nothing
     with pytest.raises(remat.ScheduleError, match="reads nodes"):
@@ -576,7 +576,7 @@ def layer():
 
 def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_softmax_output(layer):
     (s, b, h, a), x, graph, selective, found = layer
-    none = remat.chain_schedule(graph, "none")
+    none = remat.chain_schedule(graph, "keep all")
     weights = graph.leaf_bytes - x.nbytes
     mask = a * s * s * b  # the attention dropout's mask: a captured graph keeps it (no seed to redraw it from)
     assert kept_after_forward(selective) == (memory_model.activation_bytes_per_layer(s, b, h, a, recompute="selective")
@@ -617,9 +617,9 @@ def test_selective_reruns_the_whole_attention_core_and_drops_the_softmax_it_reco
 
 def test_dropped_is_empty_when_every_value_is_kept_and_lists_everything_backward_reads_when_none_is(graphs):
     graph = graphs["residual MLP"][0]
-    assert remat.chain_schedule(graph, "none").dropped() == []
+    assert remat.chain_schedule(graph, "keep all").dropped() == []
     read = sorted({i for step in graph.steps for i in step.reads})
-    assert remat.chain_schedule(graph, "all").dropped() == read
+    assert remat.chain_schedule(graph, "keep none").dropped() == read
 
 
 def replay(schedule):
