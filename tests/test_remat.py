@@ -147,9 +147,19 @@ def test_a_layer_that_replays_differently_is_reported(weights, x_value):
 
 # ---- plan and predict ----
 
-def test_plan_none_keeps_everything_and_all_keeps_nothing():
+def test_plan_keep_all_keeps_every_output_and_keep_none_keeps_nothing_but_the_input():
     assert remat.plan(10, "keep all") == list(range(10))
     assert remat.plan(10, "keep none") == []
+    assert remat.mode_for("keep none") == "tensor" and remat.mode_for("keep all") == "segment"
+
+
+@pytest.mark.parametrize("old, new", [("none", "keep all"), ("all", "keep none")])
+def test_the_old_backward_reading_plan_names_are_refused_with_the_new_one(old, new):
+    with pytest.raises(ValueError, match=rf"plan: unknown strategy '{old}' \(now '{new}': a name says what it "
+                                         r"keeps\); choose one of keep all, keep none, uniform"):
+        remat.plan(10, old)
+    with pytest.raises(ValueError, match=rf"mode_for: strategy '{old}' is now '{new}'"):
+        remat.mode_for(old)
 
 
 def test_plan_uniform_keeps_the_input_of_every_block_of_num_layers():
