@@ -414,7 +414,7 @@ def test_hovering_a_band_names_the_tensor_its_op_and_phase(browser_page, timelin
     bottom = min(snapshots[step].buffers, key=lambda b: (CATEGORIES.index(b.category), b.key))
     deadline = time.monotonic() + 5
     while "made by op" not in (text := browser.evaluate("deepText()")) and time.monotonic() < deadline:
-        browser.mouse("mouseMoved", *browser.evaluate(f"frameAt('none:', {step}, {bottom.nbytes / 2 / MB})"))
+        browser.mouse("mouseMoved", *browser.evaluate(f"frameAt('keep all:', {step}, {bottom.nbytes / 2 / MB})"))
         time.sleep(0.1)
     browser.screenshot(folder / "hover.png")
     expected = f"{bottom.name}.grad" if bottom.kind == "grad" else bottom.name
