@@ -41,7 +41,7 @@ def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         else:
             _backward_through(rerun, out, saved)
         return tuple(a.grad for a in again)
-    return make_output(y.value, "checkpoint", inputs, _backward, saves=inputs)
+    return make_output(y.value, "checkpoint", inputs, _backward, saves=inputs, call=(checkpoint, fn, *inputs))
 
 
 def _backward_through(rerun: Tensor, out: Tensor, saved: Saved) -> None:

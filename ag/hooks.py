@@ -3,7 +3,8 @@
 The events, and what each passes to its subscribers:
 
 - ``"tensor created"`` (tensor): a Tensor was made, a leaf or an op's output;
-- ``"op run"`` (output): an op made ``output`` (its ``op`` names it);
+- ``"op run"`` (output, call): an op made ``output`` (its ``op`` names it); ``call`` is ``(fn, *args)``,
+  the op and the arguments it ran with (``()`` for an op that gave ``make_output`` none);
 - ``"grad allocated"`` (tensor): a grad buffer was allocated;
 - ``"step done"`` (op, name, snapshots): a backward step ran; ``snapshots`` is the list
   ``backward(trace=True)`` returns, else None;
@@ -54,5 +55,5 @@ def _subscribers_of(event: str) -> list[Callable]:
 def record_tensors() -> Iterator[list]:
     """Collect, in order, every Tensor that an op creates inside the block (with or without grad)."""
     made: list = []
-    with subscribed("op run", made.append):
+    with subscribed("op run", lambda output, call: made.append(output)):
         yield made

@@ -100,10 +100,7 @@ class Tensor(TensorBase):
 
     def zero_grad(self) -> None:
         """Forget the accumulated gradient (the buffer is allocated again on the next backward)."""
-        if config.eager_grads and self.value is not None:
-            self.grad = np.zeros_like(self.value)
-        else:
-            self.grad = None
+        self.grad = np.zeros_like(self.value) if config.eager_grads and self.value is not None else None
 
     def backward(self, grad=None, *, retain_graph: bool = False, trace: bool = False):
         """Backpropagate from this tensor; with ``trace=True`` return a snapshot after each step."""
@@ -140,13 +137,14 @@ Backward = Callable[[Tensor, Saved], Grads]
 
 
 def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
-                saves: Sequence[Tensor] = (), saves_output: bool = False) -> Tensor:
+                saves: Sequence[Tensor] = (), saves_output: bool = False, call: tuple = ()) -> Tensor:
     """Wrap an op's result and, if any input requires grad, attach the op's backward.
 
     ``backward(output, saved)`` returns one grad for each of ``inputs``, in order (None for an
     input that needs none). ``saves`` lists the inputs whose values it reads, ``saves_output``
     says it reads the output's own value: ``saved`` holds exactly those, and rematerialization
-    restores exactly those.
+    restores exactly those. ``call`` is ``(fn, *args)``, the op and the arguments it ran with
+    (``fn(*args)`` makes the output again), passed on to the "op run" event's subscribers.
     """
     output = Tensor(value)
     output.op = op
@@ -161,7 +159,7 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
         if t.inputs:
             _free_values_only_the_graph_holds(t)
     if config.watchers:  # a trace timeline, record_tensors, capture or count_ops is open
-        hooks.publish("op run", output)  # its phase is "recompute" when a rematerializer runs it
+        hooks.publish("op run", output, call)  # its phase is "recompute" when a rematerializer runs it
     return output
 
 

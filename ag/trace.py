@@ -256,7 +256,7 @@ def record(phase: str, op: str, tensor: str | None) -> None:
         _record_snapshot(phase, op, tensor)
 
 
-def _op_run(output) -> None:
+def _op_run(output, call: tuple) -> None:
     record(config.phase, output.op, None)  # the phase is "recompute" when a rematerializer runs it
 
 

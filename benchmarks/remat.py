@@ -4,10 +4,10 @@
     python benchmarks/remat.py --quick   # n = 16, batch 1024, width 128: about 12 s
 
 1. A chain of ``n`` equal layers ``x = x @ w_k`` (float32; activations 16 times the size of a
-   weight) under the plans none, sqrt (segment mode) and all (tensor mode) of ``ag.remat.plan``:
+   weight) under the plans keep all, sqrt (segment mode) and keep none (tensor mode) of ``ag.remat.plan``:
    the activation peak (tracemalloc over forward + backward, the weights and their grads
    allocated before), the matmuls by phase (``ag.count_ops``) and the time per step.
-   Goals: sqrt's peak <= 1/4 of none's, and sqrt recomputes at most n matmuls.
+   Goals: sqrt's peak <= 1/4 of keep all's, and sqrt recomputes at most n matmuls.
 2. The same chain in PyTorch eager, without checkpoints and with
    ``torch.utils.checkpoint.checkpoint_sequential`` cut into as many segments as ag's sqrt plan.
    Peak memory is measured the same way for both frameworks, in fresh subprocesses (``_memory.py``).
@@ -44,8 +44,8 @@ from ag import remat  # noqa: E402
 from mlp import machine_lines, print_table  # noqa: E402
 
 MB = 10**6
-PEAK_GOAL = 1 / 4  # sqrt's activation peak / none's
-STRATEGIES = ("none", "sqrt", "all")
+PEAK_GOAL = 1 / 4  # sqrt's activation peak / keep all's
+STRATEGIES = ("keep all", "sqrt", "keep none")
 
 
 # ---- the chains, the same weights for both frameworks ----
@@ -114,7 +114,7 @@ def torch_segments(n: int) -> int:
 
 
 def torch_step(chain: TorchChain, strategy: str) -> Callable[[], None]:
-    segments = None if strategy == "none" else torch_segments(len(chain.model))
+    segments = None if strategy == "keep all" else torch_segments(len(chain.model))
     return lambda: chain.step(segments)
 
 
@@ -183,19 +183,19 @@ def equal_chain(args) -> None:
     a, t = AgChain(x, weights), TorchChain(x, weights)
     del x, weights
     profile = remat.profile(a.layers, a.x)
-    a.strategy_step("none")()  # warm-up: the weights' grads exist from now on
+    a.strategy_step("keep all")()  # warm-up: the weights' grads exist from now on
     runs = {s: measure_ag(a, profile, s) for s in STRATEGIES}
     without_output = traced_step(lambda: a.step(list(range(n - 1))))[0]
 
-    steps = {f"ag {s}": a.strategy_step(s) for s in ("none", "sqrt")}
-    steps |= {f"torch {s}": torch_step(t, s) for s in ("none", "sqrt")}
-    steps["ag all"] = a.strategy_step("all")
+    steps = {f"ag {s}": a.strategy_step(s) for s in ("keep all", "sqrt")}
+    steps |= {f"torch {s}": torch_step(t, s) for s in ("keep all", "sqrt")}
+    steps["ag keep none"] = a.strategy_step("keep none")
     torch_calls = {}
-    for s in ("none", "sqrt"):
+    for s in ("keep all", "sqrt"):
         t.layer_calls = 0
         steps[f"torch {s}"]()  # warm-up, and the layers it runs
         torch_calls[s] = t.layer_calls
-    repeats = {name: args.repeats for name in steps} | {"ag all": args.all_repeats}
+    repeats = {name: args.repeats for name in steps} | {"ag keep none": args.all_repeats}
     times = take_turns(steps, repeats)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     best = {name: min(ts) for name, ts in times.items()}
@@ -203,7 +203,8 @@ def equal_chain(args) -> None:
     print_ag_table(n, runs, med, best, times)
     print_goals(n, runs, med, best, without_output)
     if not args.no_memory:
-        memory = run_workers({(f, s): memory_command(f, s, args) for s in ("none", "sqrt") for f in ("ag", "torch")})
+        memory = run_workers({(f, s): memory_command(f, s, args)
+                              for s in ("keep all", "sqrt") for f in ("ag", "torch")})
         print_torch_table(n, runs, torch_calls, med, best, memory)
 
 
@@ -213,29 +214,29 @@ def print_ag_table(n: int, runs: dict[str, AgRun], med, best, times) -> None:
         m = r.counts.matmuls
         name = f"ag {s}"
         rows.append([s, r.mode, len(r.kept), f"{r.peak_bytes / MB:.1f}", f"{r.predicted.peak_bytes / MB:.1f}",
-                     f"{r.peak_bytes / runs['none'].peak_bytes:.3f}", m["forward"], m["recompute"], m["backward"],
+                     f"{r.peak_bytes / runs['keep all'].peak_bytes:.3f}", m["forward"], m["recompute"], m["backward"],
                      f"{med[name] * 1e3:.0f}", f"{best[name] * 1e3:.0f}", len(times[name]),
-                     f"{med[name] / med['ag none']:.2f}"])
+                     f"{med[name] / med['ag keep all']:.2f}"])
     print_table(f"1. ag, {n} layers: activation peak (tracemalloc over forward + backward), matmuls by phase, "
                 "time per step",
-                ["strategy", "mode", "kept outputs", "peak MB", "predicted MB", "peak / none", "forward",
-                 "recompute", "backward", "median ms", "best ms", "steps", "time / none"], rows)
+                ["strategy", "mode", "kept outputs", "peak MB", "predicted MB", "peak / keep all", "forward",
+                 "recompute", "backward", "median ms", "best ms", "steps", "time / keep all"], rows)
 
 
 def print_goals(n: int, runs: dict[str, AgRun], med, best, without_output: int) -> None:
-    ratio = runs["sqrt"].peak_bytes / runs["none"].peak_bytes
+    ratio = runs["sqrt"].peak_bytes / runs["keep all"].peak_bytes
     extra = runs["sqrt"].counts.matmuls["recompute"]
-    total = runs["none"].counts.total_matmuls
-    print(f"\ngoal: sqrt peak <= 1/4 of none's: {ratio:.3f} ({runs['sqrt'].peak_bytes / MB:.1f} / "
-          f"{runs['none'].peak_bytes / MB:.1f} MB): {verdict(ratio <= PEAK_GOAL)}"
+    total = runs["keep all"].counts.total_matmuls
+    print(f"\ngoal: sqrt peak <= 1/4 of keep all's: {ratio:.3f} ({runs['sqrt'].peak_bytes / MB:.1f} / "
+          f"{runs['keep all'].peak_bytes / MB:.1f} MB): {verdict(ratio <= PEAK_GOAL)}"
           + ("" if ratio <= PEAK_GOAL or n >= 64 else f"; limited by the size: at n = {n} the √n checkpoints and "
              "one segment are a large share of the chain (the goal is set at the default n = 64)"))
-    print(f"  plan 'none' keeps x_{n - 1} too, which no backward step reads (torch frees it after the sum); "
+    print(f"  plan 'keep all' keeps x_{n - 1} too, which no backward step reads (torch frees it after the sum); "
           f"keeping x_0..x_{n - 2} only: {without_output / MB:.1f} MB, sqrt / that = "
           f"{runs['sqrt'].peak_bytes / without_output:.3f}")
     print(f"goal: sqrt recomputes <= n = {n} matmuls: {extra}: {verdict(extra <= n)}")
-    print(f"time overhead of sqrt over none: {med['ag sqrt'] / med['ag none'] - 1:+.0%} (medians), "
-          f"{best['ag sqrt'] / best['ag none'] - 1:+.0%} (best steps); {extra} more matmuls on {total} "
+    print(f"time overhead of sqrt over keep all: {med['ag sqrt'] / med['ag keep all'] - 1:+.0%} (medians), "
+          f"{best['ag sqrt'] / best['ag keep all'] - 1:+.0%} (best steps); {extra} more matmuls on {total} "
           f"is {extra / total:+.0%}")
 
 
@@ -245,9 +246,9 @@ def verdict(ok: bool) -> str:
 
 def print_torch_table(n: int, runs: dict[str, AgRun], torch_calls, med, best, memory) -> None:
     rows = []
-    for s in ("none", "sqrt"):
+    for s in ("keep all", "sqrt"):
         ma, mt = memory[("ag", s)], memory[("torch", s)]
-        plan = "no checkpoints" if s == "none" else f"checkpoint_sequential, {torch_segments(n)} segments"
+        plan = "no checkpoints" if s == "keep all" else f"checkpoint_sequential, {torch_segments(n)} segments"
         rows.append([s, plan, f"{ma['tracemalloc_peak'] / MB:.1f}", f"{ma['rss_peak'] / MB:.1f}",
                      f"{mt['rss_peak'] / MB:.1f}", f"{ma['rss_peak'] / mt['rss_peak']:.3f}",
                      f"{med[f'ag {s}'] * 1e3:.0f}", f"{med[f'torch {s}'] * 1e3:.0f}",
@@ -305,7 +306,7 @@ def random_chain(args) -> None:
     del x, weights
     profile = remat.profile(a.layers, a.x)
     forward = sum(profile.costs)
-    none = remat.predict(profile, remat.plan(n, "none")).peak_bytes
+    none = remat.predict(profile, remat.plan(n, "keep all")).peak_bytes
     tensor_all = remat.predict(profile, [], mode="tensor")
     sqrt = remat.predict(profile, remat.plan(n, "sqrt"))
     start = time.perf_counter()
@@ -323,12 +324,12 @@ def random_chain(args) -> None:
     print(f"\n3. {n} layers of random widths {args.min_width}..{args.max_width} (seed {args.seed}), "
           f"batch {args.het_batch}, float32: outputs {min(profile.sizes) / MB:.1f} to "
           f"{max(profile.sizes) / MB:.1f} MB, one forward {forward / 1e9:.2f} GFLOP")
-    print(f"predicted peaks: none {none / MB:.1f} MB; sqrt {sqrt.peak_bytes / MB:.1f} MB "
-          f"({sqrt.recompute_flops / 1e9:.2f} GFLOP recomputed); all in tensor mode "
+    print(f"predicted peaks: keep all {none / MB:.1f} MB; sqrt {sqrt.peak_bytes / MB:.1f} MB "
+          f"({sqrt.recompute_flops / 1e9:.2f} GFLOP recomputed); keep none in tensor mode "
           f"{tensor_all.peak_bytes / MB:.1f} MB ({tensor_all.recompute_flops / 1e9:.2f} GFLOP); "
           f"least budget with a segment-mode plan {least / MB:.1f} MB (bisection)")
     print_table(f"Recomputed GFLOP under a budget, from remat.predict (planning all budgets: {planning:.1f} s)",
-                ["budget MB", "budget / none", "optimal kept", "optimal peak MB", "optimal GFLOP",
+                ["budget MB", "budget / keep all", "optimal kept", "optimal peak MB", "optimal GFLOP",
                  "optimal / forward", "greedy GFLOP", "sqrt GFLOP"], rows)
     run_optimal(a, profile, [budgets[i] for i in measured_budgets(len(budgets))], optimal)
 
@@ -339,7 +340,7 @@ def measured_budgets(count: int) -> list[int]:
 
 
 def run_optimal(a: AgChain, profile: remat.ChainProfile, budgets: list[int], optimal) -> None:
-    a.step(remat.plan(a.n, "none"))  # warm-up: the weights' grads exist from now on
+    a.step(remat.plan(a.n, "keep all"))  # warm-up: the weights' grads exist from now on
     largest_weight = max(w.nbytes for w in a.weights)
     rows = []
     for b in budgets:
@@ -366,7 +367,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--all-repeats", type=int, default=3, help="timed steps of 'all' (quadratic recompute)")
+    parser.add_argument("--all-repeats", type=int, default=3, help="timed steps of 'keep none' (quadratic recompute)")
     parser.add_argument("--het-layers", type=int, default=40)
     parser.add_argument("--het-batch", type=int, default=2048)
     parser.add_argument("--min-width", type=int, default=64)

@@ -75,7 +75,7 @@ def side_by_side(names: list[str], time_limit: float, which=range(5), intervals:
         graph = remat.capture(*_captured(name))
         limit = 5 * time_limit if name == "transformer8" else time_limit
         floor = remat.lower_bound_bytes(graph)
-        none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+        none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
         for budget in np.linspace(floor, none, 5).astype(int)[list(which)]:
             milp = _timed(remat.checkmate, graph, int(budget), time_limit=limit)
             cp = _timed(remat.moccasin, graph, int(budget), time_limit=limit, intervals=intervals)
@@ -143,7 +143,7 @@ def solver_rows(blocks: list[int], time_limit: float) -> list[list[str]]:
     for n_blocks in blocks:
         fn, inputs = examples.residual_mlp(blocks=n_blocks, batch=64, width=64)
         graph = remat.capture(fn, *inputs)
-        none = remat.chain_schedule(graph, "none")
+        none = remat.chain_schedule(graph, "keep all")
         floor = remat.lower_bound_bytes(graph)
         budget = floor + (none.predicted_peak_bytes - floor) // 5
         from scipy import sparse
@@ -151,7 +151,7 @@ def solver_rows(blocks: list[int], time_limit: float) -> list[list[str]]:
         *_, A, _, _ = program.build(sparse)
         milp = _solve(graph, budget, time_limit, relax=False)
         lp = _solve(graph, budget, time_limit, relax=True)
-        fixed = [s for s in (remat.chain_schedule(graph, k) for k in ("none", "sqrt", "all"))
+        fixed = [s for s in (remat.chain_schedule(graph, k) for k in ("keep all", "sqrt", "keep none"))
                  if s.predicted_peak_bytes <= budget]
         best_fixed = min((s.recompute_flops for s in fixed), default=None)
         rows.append([str(graph.n), str(graph.stages), f"{program.count:,}", f"{A.shape[0]:,}",
@@ -231,7 +231,7 @@ def transformer_setup(time_limit: float | None, saved: str | None, only: str | N
     fn, inputs = examples.transformer(layers=2, s=S, b=B, h=H, a=A, dropout=0.0)
     graph = remat.capture(fn, *inputs)
     selective = remat.nemo(graph, "selective")
-    schedules = {"none": remat.chain_schedule(graph, "none"), "selective": selective,
+    schedules = {"none": remat.chain_schedule(graph, "keep all"), "selective": selective,
                  "full": remat.nemo(graph, "full")}
     if saved is None:
         schedules["checkmate"] = remat.checkmate(graph, selective.predicted_peak_bytes, time_limit=time_limit)

@@ -53,7 +53,7 @@ show(unet.draw().figure)
 
 # %%
 rows = []
-for schedule in [remat.chain_schedule(unet, s) for s in ("none", "sqrt", "all")]:
+for schedule in [remat.chain_schedule(unet, s) for s in ("keep all", "sqrt", "keep none")]:
     result = remat.execute(schedule)
     rows.append((schedule.planner, f"{schedule.predicted_peak_bytes / MB:.3f}", f"{result.peak_bytes / MB:.3f}",
                  f"{result.recompute_flops:,}"))
@@ -66,7 +66,7 @@ table(("plan", "predicted MB", "measured MB", "recomputed FLOPs"), rows)
 # computations (R), light ones values kept into a stage (S); the red line is where backward starts.
 
 # %%
-none = remat.chain_schedule(unet, "none")
+none = remat.chain_schedule(unet, "keep all")
 budget = (remat.lower_bound_bytes(unet) + none.predicted_peak_bytes) // 2
 best = remat.checkmate(unet, budget, time_limit=20)
 print(best, f"gap {best.gap:.0%}")

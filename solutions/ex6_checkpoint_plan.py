@@ -19,15 +19,15 @@ import math
 
 import numpy as np
 
-from ag.remat.chains.plans import (STRATEGIES, _every, _greedy, _local_peak,
-                                   _num_layers, _pareto, as_profile)
+from ag.remat.chains.plans import (RENAMED, STRATEGIES, _every, _greedy,
+                                   _local_peak, _num_layers, _pareto, as_profile)
 
 
 def plan(n_layers: int, strategy: str, *, num_layers: int | None = None,
          budget_bytes: int | None = None, chain=None) -> list[int]:
     """The sorted layer indices whose outputs to keep (the input is always kept).
 
-    - ``none``: keep every output;  ``all``: keep nothing but the input.
+    - ``keep all``: keep every output;  ``keep none``: keep nothing but the input.
     - ``uniform`` (NeMo): cut the chain into blocks of ``num_layers`` and keep each block's input.
     - ``block`` (NeMo): recompute only the first ``num_layers`` layers, keep everything after.
     - ``sqrt`` (Chen et al. 2016): keep every ⌊√n⌋-th output.
@@ -44,11 +44,12 @@ def plan(n_layers: int, strategy: str, *, num_layers: int | None = None,
     if not isinstance(n_layers, (int, np.integer)) or n_layers < 1:
         raise ValueError(f"plan: n_layers must be a positive integer, got {n_layers!r}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"plan: unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        renamed = f" (now {RENAMED[strategy]!r}: a name says what it keeps)" if strategy in RENAMED else ""
+        raise ValueError(f"plan: unknown strategy {strategy!r}{renamed}; choose one of {', '.join(STRATEGIES)}")
     n = int(n_layers)
-    if strategy == "none":
+    if strategy == "keep all":
         return list(range(n))
-    if strategy == "all":
+    if strategy == "keep none":
         return []
     if strategy in ("uniform", "block"):
         k = _num_layers(strategy, num_layers, n)

@@ -48,7 +48,7 @@ def test_an_unknown_demo_is_refused_with_the_choices():
 def test_demo_remat_prints_every_strategy_and_writes_three_plots(tmp_path):
     result = run_ag("demo", "remat", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    for strategy in ("none", "uniform", "block", "sqrt", "greedy", "optimal", "all"):
+    for strategy in ("keep all", "uniform", "block", "sqrt", "greedy", "optimal", "keep none"):
         assert f"\n{strategy}" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "remat_stack.png", "remat_timeline.png", "remat_tradeoff.png"]

@@ -221,8 +221,8 @@ def test_the_engine_calls_its_hooks_only_inside_a_watching_block_and_every_block
     x = ag.Tensor(np.ones(3), requires_grad=True)
     seen = []
     with pytest.raises(RuntimeError):
-        with trace.tracing() as timeline, hooks.record_tensors() as made, hooks.subscribed("op run", seen.append), \
-                ag.count_ops() as counts:
+        with trace.tracing() as timeline, hooks.record_tensors() as made, \
+                hooks.subscribed("op run", lambda output, call: seen.append(output)), ag.count_ops() as counts:
             assert config.watchers == 4
             y = ag.tanh(x)
             ag.matmul(x, x)
@@ -258,6 +258,7 @@ def test_each_event_of_the_engine_reaches_its_subscribers_and_an_unknown_event_i
         for block in reversed(blocks):
             block.__exit__(None, None, None)
     assert [args[0].op for args in seen["op run"]] == ["matmul", "sum"]
+    assert [args[1] for args in seen["op run"]] == [(ag.matmul, x, x), (ag.sum, y, None, False)]
     assert seen["product counted"] == [("forward", 16), ("backward", 16), ("backward", 16)]
     assert [args[:2] for args in seen["step done"]] == [("sum", None), ("matmul", None)]
     assert [args[0] for args in seen["grad allocated"]] == [y, x]

@@ -267,6 +267,28 @@ def builtins_uses(path: str, source: str) -> list[str]:
     return found
 
 
+# ---- rule e: nothing walks stack frames (observation is events) ----
+
+FRAME_ATTRIBUTES = frozenset({"_getframe", "currentframe", "getouterframes", "getinnerframes", "stack", "trace",
+                              "walk_stack", "extract_stack", "f_back", "f_locals", "f_globals", "f_code", "tb_frame"})
+
+
+def frame_walks(path: str, source: str) -> list[str]:
+    """``file:line`` of every read of a frame or of a call stack (``sys._getframe``, ``inspect.stack``,
+    ``frame.f_back`` ...), and every import of such a function."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in ("sys", "inspect", "traceback"):
+            found += [f"{path}:{node.lineno}: imports {a.name} from {node.module}" for a in node.names
+                      if a.name in FRAME_ATTRIBUTES]
+        elif isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRIBUTES:
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if node.attr.startswith(("f_", "tb_", "_get", "current", "get", "walk", "extract")) \
+                    or owner in ("inspect", "sys", "traceback"):
+                found.append(f"{path}:{node.lineno}: reads {owner or '...'}.{node.attr}")
+    return sorted(found, key=lambda line: int(line.split(":")[1]))
+
+
 def _offenders(check, paths=None, **kwargs) -> list[str]:
     found = []
     for source in SOURCES:
@@ -301,6 +323,12 @@ def test_ops_never_needs_the_builtins_module():
     assert {"ag/ops/__init__.py", "ag/ops/elementwise.py", "ag/ops/reductions.py"} <= ops
     offenders = _offenders(builtins_uses, paths=ops)
     assert not offenders, _message("ag/ops/ reaches past its own sum/max/... to builtins", offenders)
+
+
+def test_no_module_walks_stack_frames():
+    offenders = _offenders(frame_walks)
+    assert not offenders, _message("ag observes the engine through hooks' events; no module reads a caller's "
+                                   "frame", offenders)
 
 
 def test_the_rules_read_every_module_of_the_package():
@@ -374,6 +402,14 @@ def test_builtins_uses_finds_the_import_and_its_attributes():
     assert builtins_uses("ag/ops/reductions.py", "import builtins\nbuiltins.max(1, 2)\n") == [
         "ag/ops/reductions.py:1: imports builtins", "ag/ops/reductions.py:2: uses builtins.max"]
     assert builtins_uses("ag/ops/reductions.py", "def sum(x):\n    return x\n") == []
+
+
+def test_frame_walks_finds_getframe_inspect_stack_and_frame_attributes_but_not_np_stack():
+    source = ("import sys, inspect\nfrom sys import _getframe\nf = sys._getframe(3)\nup = f.f_back\n"
+              "names = up.f_locals\nwho = inspect.stack()\nrows = np.stack(rows)\nstack = []\n")
+    assert frame_walks("m.py", source) == [
+        "m.py:2: imports _getframe from sys", "m.py:3: reads sys._getframe", "m.py:4: reads f.f_back",
+        "m.py:5: reads up.f_locals", "m.py:6: reads inspect.stack"]
 
 
 # ---- the README's module map is the import graph ----

@@ -68,7 +68,7 @@ def _chain_timeline(strategy: str, n_layers: int = 6) -> list[Snapshot]:
 
 @pytest.fixture(scope="module")
 def timelines():
-    return {"none": _chain_timeline("none"), "sqrt": _chain_timeline("sqrt")}
+    return {"keep all": _chain_timeline("keep all"), "sqrt": _chain_timeline("sqrt")}
 
 
 @pytest.fixture(scope="module")
@@ -409,12 +409,12 @@ def test_hovering_a_band_names_the_tensor_its_op_and_phase(browser_page, timelin
                            "return [r.x + r.width / 2, r.y + r.height / 2] })()")
     browser.mouse("mousePressed", *tab)
     browser.mouse("mouseReleased", *tab)
-    snapshots = timelines["none"]
+    snapshots = timelines["keep all"]
     step = max(range(len(snapshots)), key=lambda i: snapshots[i].allocated_bytes)
     bottom = min(snapshots[step].buffers, key=lambda b: (CATEGORIES.index(b.category), b.key))
     deadline = time.monotonic() + 5
     while "made by op" not in (text := browser.evaluate("deepText()")) and time.monotonic() < deadline:
-        browser.mouse("mouseMoved", *browser.evaluate(f"frameAt('none:', {step}, {bottom.nbytes / 2 / MB})"))
+        browser.mouse("mouseMoved", *browser.evaluate(f"frameAt('keep all:', {step}, {bottom.nbytes / 2 / MB})"))
         time.sleep(0.1)
     browser.screenshot(folder / "hover.png")
     expected = f"{bottom.name}.grad" if bottom.kind == "grad" else bottom.name

@@ -40,7 +40,7 @@ def small():
 def budgets(graph, count: int = 5) -> list[int]:
     """``count`` budgets from the lower bound to the no-remat peak."""
     floor = remat.lower_bound_bytes(graph)
-    return [int(b) for b in np.linspace(floor, remat.chain_schedule(graph, "none").predicted_peak_bytes, count)]
+    return [int(b) for b in np.linspace(floor, remat.chain_schedule(graph, "keep all").predicted_peak_bytes, count)]
 
 
 # ---- the same optimum as the MILP ----

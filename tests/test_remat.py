@@ -147,9 +147,19 @@ def test_a_layer_that_replays_differently_is_reported(weights, x_value):
 
 # ---- plan and predict ----
 
-def test_plan_none_keeps_everything_and_all_keeps_nothing():
-    assert remat.plan(10, "none") == list(range(10))
-    assert remat.plan(10, "all") == []
+def test_plan_keep_all_keeps_every_output_and_keep_none_keeps_nothing_but_the_input():
+    assert remat.plan(10, "keep all") == list(range(10))
+    assert remat.plan(10, "keep none") == []
+    assert remat.mode_for("keep none") == "tensor" and remat.mode_for("keep all") == "segment"
+
+
+@pytest.mark.parametrize("old, new", [("none", "keep all"), ("all", "keep none")])
+def test_the_old_backward_reading_plan_names_are_refused_with_the_new_one(old, new):
+    with pytest.raises(ValueError, match=rf"plan: unknown strategy '{old}' \(now '{new}': a name says what it "
+                                         r"keeps\); choose one of keep all, keep none, uniform"):
+        remat.plan(10, old)
+    with pytest.raises(ValueError, match=rf"mode_for: strategy '{old}' is now '{new}'"):
+        remat.mode_for(old)
 
 
 def test_plan_uniform_keeps_the_input_of_every_block_of_num_layers():
@@ -338,7 +348,7 @@ def measured_peak(layers, x, checkpoints, mode):
 
 
 @pytest.mark.parametrize("strategy, options", [
-    ("none", {}), ("all", {}), ("sqrt", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 6})])
+    ("keep all", {}), ("keep none", {}), ("sqrt", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 6})])
 def test_predicted_peak_is_within_5_percent_of_tracemalloc(matmul_chain, strategy, options):
     layers, x = matmul_chain
     kept = remat.plan(MEASURE_N, strategy, **options)
@@ -347,7 +357,7 @@ def test_predicted_peak_is_within_5_percent_of_tracemalloc(matmul_chain, strateg
     assert measured_peak(layers, x, kept, mode) == pytest.approx(predicted, rel=0.05)
 
 
-@pytest.mark.parametrize("strategy, mode", [("sqrt", "segment"), ("uniform", "segment"), ("all", "tensor")])
+@pytest.mark.parametrize("strategy, mode", [("sqrt", "segment"), ("uniform", "segment"), ("keep none", "tensor")])
 def test_the_schedule_of_a_plan_recomputes_as_many_products_as_sequential_runs(matmul_chain, strategy, mode):
     layers, x = matmul_chain
     kept = remat.plan(MEASURE_N, strategy, **({"num_layers": 3} if strategy == "uniform" else {}))
@@ -367,9 +377,9 @@ def test_a_one_layer_chain_keeping_its_output_holds_it_beside_its_grad_in_backwa
 def test_measured_peaks_order_none_above_uniform_and_sqrt_above_all(matmul_chain):
     layers, x = matmul_chain
     peak = {s: measured_peak(layers, x, remat.plan(MEASURE_N, s, **o), remat.mode_for(s))
-            for s, o in [("none", {}), ("uniform", {"num_layers": 4}), ("sqrt", {}), ("all", {})]}
-    assert peak["none"] > peak["uniform"] > peak["all"]
-    assert peak["none"] > peak["sqrt"] > peak["all"]
+            for s, o in [("keep all", {}), ("uniform", {"num_layers": 4}), ("sqrt", {}), ("keep none", {})]}
+    assert peak["keep all"] > peak["uniform"] > peak["keep none"]
+    assert peak["keep all"] > peak["sqrt"] > peak["keep none"]
 
 
 def test_the_optimal_plan_stays_under_its_budget_when_measured(matmul_chain):
@@ -413,12 +423,12 @@ def test_dynamic_peak_follows_its_budget(matmul_chain):
 
 
 @pytest.mark.parametrize("strategy, options", [
-    ("none", {}), ("all", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 4}),
+    ("keep all", {}), ("keep none", {}), ("uniform", {"num_layers": 3}), ("block", {"num_layers": 4}),
     ("sqrt", {}), ("greedy", {"budget": 0.7}), ("optimal", {"budget": 0.6})])
 def test_every_strategy_gives_gradients_bit_identical_to_none(weights, x_value, strategy, options):
     x = ag.Tensor(x_value, requires_grad=True)
     layers = _layers(weights)
-    ag.sum(remat.sequential(layers, x, remat.plan(N_LAYERS, "none"))).backward()
+    ag.sum(remat.sequential(layers, x, remat.plan(N_LAYERS, "keep all"))).backward()
     expected = grads(weights) + [x.grad.copy()]
     for t in [*weights, x]:
         t.zero_grad()

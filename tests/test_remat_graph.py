@@ -15,6 +15,7 @@ import pytest
 import ag
 from ag import memory_model, nn, remat
 from ag.remat import examples
+from ag.attention import flash_attention
 from ag.remat.graphs.model import stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -105,7 +106,7 @@ def run(schedule, leaves):
 
 def planners(graph):
     """Every fixed planner that applies to this graph."""
-    out = [remat.chain_schedule(graph, s) for s in ("none", "all", "sqrt")]
+    out = [remat.chain_schedule(graph, s) for s in ("keep all", "keep none", "sqrt")]
     out.append(remat.chain_schedule(graph, "uniform", num_layers=2))
     for granularity in ("selective", "full"):
         try:
@@ -191,6 +192,36 @@ def test_capture_of_a_step_with_no_grad_is_refused():
         remat.capture(lambda x: x * ag.Tensor(np.ones((4, 4), np.float32), requires_grad=True), x)
 
 
+def test_capture_refuses_an_op_that_gave_make_output_no_call():
+    def square(a):
+        def _backward(out, saved):
+            return (2 * saved[a] * out.grad,)
+        return ag.make_output(a.value * a.value, "square", (a,), _backward, saves=(a,))
+    x = ag.Tensor(np.ones((4, 4)), requires_grad=True)
+    with pytest.raises(remat.CaptureError, match=r"op square gave make_output no call=\(fn, \*args\)"):
+        remat.capture(lambda x: ag.sum(square(x)), x)
+
+
+def test_each_ops_op_run_event_carries_a_call_that_makes_the_same_value_again():
+    from ag import hooks
+    rng = np.random.default_rng(0)
+    x = ag.Tensor(rng.standard_normal((2, 3, 4)), requires_grad=True)
+    w = ag.Tensor(rng.standard_normal((4, 5)), requires_grad=True)
+    b = ag.Tensor(rng.standard_normal(5), requires_grad=True)
+    runs = []
+    with hooks.subscribed("op run", lambda output, call: runs.append((output, call))):
+        ops = [x + 2, 3 - x, x * x, x / 2, x ** 3, -x, ag.exp(x), ag.log(x * x + 1), ag.sqrt(x * x), ag.relu(x),
+               ag.tanh(x), ag.sigmoid(x), ag.gelu(x), ag.sum(x, axis=1), ag.mean(x, (0, 2), keepdims=True),
+               ag.max(x, -1), ag.logsumexp(x, 1), ag.softmax(x), ag.log_softmax(x, 0), x @ w,
+               ag.linear(x, w), ag.linear(x, w, b), x.reshape(6, 4), x.T, x[1, ::2], ag.concat([x, x], 1),
+               ag.where(x.value > 0, x, 0.5), ag.layer_norm(x, b[:4], b[1:]), ag.dropout(x, 0.5, rng),
+               ag.scaled_masked_softmax(x, 0.5, causal=True), flash_attention(x, x, x, causal=True)]
+    assert {out.op for out, _ in runs} >= {out.op for out in ops} and len({out.op for out in ops}) == 30
+    for out, (fn, *args) in runs:
+        again = fn(*args)
+        np.testing.assert_array_equal(again.value, out.value, err_msg=f"{out.op}'s call made another value")
+
+
 # ---- one memory model ----
 
 @pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer (naive)", "transformer (flash)",
@@ -215,7 +246,7 @@ def test_prediction_is_within_5_percent_of_the_measured_peak_for_every_planner(g
                                   "2-layer transformer"])
 def test_dtr_predicts_its_own_peak_within_5_percent(graphs, name):
     graph, leaves, _ = graphs[name]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for heuristic in remat.HEURISTICS:
         for t in leaves:
             t.grad = None
@@ -253,7 +284,7 @@ def test_dynamic_captures_a_function_itself():
 
 def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
     graph, leaves, _ = graphs["residual MLP"]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     flops = [remat.dynamic(graph, int(f * none)).recompute_flops for f in (1.0, 0.8, 0.6)]
     assert flops[0] == 0 and flops[0] <= flops[1] <= flops[2] and flops[2] > 0
 
@@ -261,7 +292,7 @@ def test_dtr_recomputes_more_as_its_budget_shrinks(graphs):
 
 def test_dtr_records_the_schedule_it_ran_which_the_model_prices_and_execute_replays(graphs):
     graph, leaves, expected = graphs["U-Net"]
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     result = remat.dynamic(graph, int(0.6 * none))
     ran = result.schedule
     assert isinstance(ran, remat.Schedule) and result.recompute_flops > 0
@@ -274,7 +305,7 @@ def test_dtr_records_the_schedule_it_ran_which_the_model_prices_and_execute_repl
 
 def test_one_prediction_class_prices_chain_plans_and_schedules(graphs):
     graph = graphs["residual MLP"][0]
-    schedule = remat.chain_schedule(graph, "all")
+    schedule = remat.chain_schedule(graph, "keep none")
     assert type(schedule.prediction) is remat.Prediction is type(remat.predict([4, 4, 4], []))
     assert schedule.prediction.recompute_layers == len(schedule.recomputed()) > 0  # each segment replayed once
 
@@ -376,7 +407,7 @@ def test_checkmate_agrees_with_brute_force_on_random_dags_of_at_most_8_nodes(see
     graph = remat.capture(fn, *inputs)
     assert graph.n <= 8
     floor = remat.lower_bound_bytes(graph)
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for budget in np.linspace(floor, none, 5).astype(int):
         expected = brute_force(graph, int(budget))
         if expected is None:
@@ -404,7 +435,7 @@ def test_checkmate_recomputes_no_more_than_any_other_planner_at_its_budget(graph
 def test_checkmate_recomputes_nothing_at_the_no_remat_peak(graphs):
     for name in ("residual MLP", "U-Net", "transformer (naive)"):
         graph = graphs[name][0]
-        found = checkmate(graph, remat.chain_schedule(graph, "none").predicted_peak_bytes)
+        found = checkmate(graph, remat.chain_schedule(graph, "keep all").predicted_peak_bytes)
         assert found.recompute_flops == 0 and found.status == "optimal" and found.gap == 0
 
 
@@ -469,7 +500,7 @@ def test_a_sweep_plans_the_chain_once_and_picks_what_chain_schedule_picks(graphs
 def test_checkmate_never_predicts_more_than_its_budget(graphs):
     graph = graphs["U-Net"][0]
     floor = remat.lower_bound_bytes(graph)
-    none = remat.chain_schedule(graph, "none").predicted_peak_bytes
+    none = remat.chain_schedule(graph, "keep all").predicted_peak_bytes
     for budget in np.linspace(floor, none, 6).astype(int)[1:]:
         for relax in (False, True):
             try:
@@ -521,7 +552,7 @@ def test_a_stopped_solve_reports_feasible_with_its_gap(graphs):
 
 def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
     graph = graphs["residual MLP"][0]
-    none = remat.chain_schedule(graph, "none")
+    none = remat.chain_schedule(graph, "keep all")
     S = none.S.copy()
     S[graph.n:, :] = False  # keep nothing into backward, recompute nothing
     with pytest.raises(remat.ScheduleError, match="reads nodes"):
@@ -545,7 +576,7 @@ def layer():
 
 def test_checkmate_at_selectives_budget_recomputes_no_product_and_keeps_the_softmax_output(layer):
     (s, b, h, a), x, graph, selective, found = layer
-    none = remat.chain_schedule(graph, "none")
+    none = remat.chain_schedule(graph, "keep all")
     weights = graph.leaf_bytes - x.nbytes
     mask = a * s * s * b  # the attention dropout's mask: a captured graph keeps it (no seed to redraw it from)
     assert kept_after_forward(selective) == (memory_model.activation_bytes_per_layer(s, b, h, a, recompute="selective")
@@ -586,9 +617,9 @@ def test_selective_reruns_the_whole_attention_core_and_drops_the_softmax_it_reco
 
 def test_dropped_is_empty_when_every_value_is_kept_and_lists_everything_backward_reads_when_none_is(graphs):
     graph = graphs["residual MLP"][0]
-    assert remat.chain_schedule(graph, "none").dropped() == []
+    assert remat.chain_schedule(graph, "keep all").dropped() == []
     read = sorted({i for step in graph.steps for i in step.reads})
-    assert remat.chain_schedule(graph, "all").dropped() == read
+    assert remat.chain_schedule(graph, "keep none").dropped() == read
 
 
 def replay(schedule):

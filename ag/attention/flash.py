@@ -58,7 +58,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return backward(saved[tq], saved[tk], saved[tv], saved[out], lse, out.grad)
-    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True)
+    rerun = functools.partial(flash_attention, causal=causal, scale=scale, block_q=block_q, block_k=block_k,
+                              backend=backend, **extra)
+    out = make_output(o, "flash_attention", (tq, tk, tv), _backward, saves=(tq, tk, tv), saves_output=True,
+                      call=(rerun, tq, tk, tv))
     return (out, lse) if return_lse else out
 
 

@@ -144,8 +144,8 @@ EXERCISES = (
         "dynamic program of _optimal: for each last kept output c and each Pareto-optimal (bytes kept, "
         "FLOPs) prefix, try every next kept output j (or none, j = n) whose local peak fits the budget.",
         (("remat.chains.plans", "plan"), ("remat.chains.plans", "_optimal")),
-        "import math\n\nimport numpy as np\n\nfrom ag.remat.chains.plans import (STRATEGIES, _every, _greedy, "
-        "_local_peak,\n                                   _num_layers, _pareto, as_profile)",
+        "import math\n\nimport numpy as np\n\nfrom ag.remat.chains.plans import (RENAMED, STRATEGIES, _every, "
+        "_greedy,\n                                   _local_peak, _num_layers, _pareto, as_profile)",
         "from ag import course, remat\ncourse.install(__name__)\nprint('sqrt of 64:', remat.plan(64, 'sqrt'))\n"
         "chain = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1])\n"
         "print('optimal at 12:', remat.plan(8, 'optimal', chain=chain, budget_bytes=12))",

@@ -16,7 +16,7 @@ def add(a, b) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return out.grad, out.grad
-    return make_output(value, "add", (a, b), _backward)
+    return make_output(value, "add", (a, b), _backward, call=(add, a, b))
 
 
 def sub(a, b) -> Tensor:
@@ -27,7 +27,7 @@ def sub(a, b) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return out.grad, (np.negative(out.grad) if b.requires_grad else None)
-    return make_output(value, "sub", (a, b), _backward)
+    return make_output(value, "sub", (a, b), _backward, call=(sub, a, b))
 
 
 def mul(a, b) -> Tensor:
@@ -39,7 +39,7 @@ def mul(a, b) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad * saved[b] if a.requires_grad else None,
                 out.grad * saved[a] if b.requires_grad else None)
-    return make_output(value, "mul", (a, b), _backward, saves=_needs(a, b))
+    return make_output(value, "mul", (a, b), _backward, saves=_needs(a, b), call=(mul, a, b))
 
 
 def div(a, b) -> Tensor:
@@ -52,7 +52,7 @@ def div(a, b) -> Tensor:
         b_value = saved[b]
         return (out.grad / b_value if a.requires_grad else None,
                 -out.grad * saved[a] / (b_value * b_value) if b.requires_grad else None)
-    return make_output(value, "div", (a, b), _backward, saves=(b,) + ((a,) if b.requires_grad else ()))
+    return make_output(value, "div", (a, b), _backward, saves=(b, a) if b.requires_grad else (b,), call=(div, a, b))
 
 
 def pow(a, exponent: float) -> Tensor:
@@ -66,7 +66,7 @@ def pow(a, exponent: float) -> Tensor:
         if exponent == 0:  # a ** 0 is constant; a ** -1 at a = 0 would make 0 * inf = NaN
             return (np.zeros_like(out.grad),)
         return (out.grad * (exponent * saved[a] ** (exponent - 1)),)
-    return make_output(value, "pow", (a,), _backward, saves=(a,))
+    return make_output(value, "pow", (a,), _backward, saves=(a,), call=(pow, a, exponent))
 
 
 def neg(a) -> Tensor:
@@ -76,4 +76,4 @@ def neg(a) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (np.negative(out.grad),)
-    return make_output(value, "neg", (a,), _backward)
+    return make_output(value, "neg", (a,), _backward, call=(neg, a))

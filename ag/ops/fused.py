@@ -33,7 +33,8 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Tensor:
         axes = tuple(range(x.ndim - 1))
         return (dx, np.sum(dy * x_hat, axis=axes) if gamma.requires_grad else None,
                 np.sum(dy, axis=axes) if beta.requires_grad else None)
-    return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma))
+    return make_output(y, "layer_norm", (x, gamma, beta), _backward, saves=(x, gamma),
+                       call=(layer_norm, x, gamma, beta, eps))
 
 
 @classroom("layer_norm")
@@ -93,7 +94,7 @@ def _draw_chunks(mask: np.ndarray, seed: int, threshold: int, first: int = 0, st
         np.greater_equal(raw[:end - start], threshold, out=mask[start:end])
 
 
-def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.ndarray | None = None) -> Tensor:
+def dropout(x, p: float, rng: np.random.Generator | None = None, mask: np.ndarray | None = None) -> Tensor:
     """y = x ∘ mask / (1 - p) with mask ~ Bernoulli(1 - p), one byte an element;  dx = dy ∘ mask / (1 - p).
     Saves only the boolean mask (in the closure): x itself is not needed. The mask is drawn
     from ``rng`` (``keep_mask``), or given (a boolean array of x's shape)."""
@@ -115,7 +116,7 @@ def dropout(x, p: float, rng: np.random.Generator | None = None, *, mask: np.nda
         KERNELS.multiply(g, mask, out=g)
         KERNELS.multiply(g, keep, out=g)
         return (g,)
-    return make_output(y, "dropout", (x,), _backward)
+    return make_output(y, "dropout", (x,), _backward, call=(dropout, x, p, None, mask))
 
 
 def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
@@ -132,7 +133,8 @@ def scaled_masked_softmax(scores, scale: float, causal: bool = False) -> Tensor:
         g = saved.writable_grad()  # each row reads its dy before it writes it
         KERNELS.softmax_grad(g, saved[out], out.ndim - 1, scale)
         return (g,)
-    return make_output(y, "scaled_masked_softmax", (s,), _backward, saves_output=True)
+    return make_output(y, "scaled_masked_softmax", (s,), _backward, saves_output=True,
+                       call=(scaled_masked_softmax, s, scale, causal))
 
 
 @classroom("scaled_masked_softmax")

@@ -33,7 +33,7 @@ def matmul(a, b) -> Tensor:
             gb = _product(np.swapaxes(_as_matrix(saved[a], row=True), -1, -2), g)
             gb = gb[..., 0] if b_vector else gb
         return ga, gb
-    return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b))
+    return make_output(value, "matmul", (a, b), _backward, saves=_needs(a, b), call=(matmul, a, b))
 
 
 def _as_matrix(x: np.ndarray, row: bool) -> np.ndarray:
@@ -64,7 +64,7 @@ def linear(x, w, b=None) -> Tensor:
             return dx, dw
         return dx, dw, (g.sum(axis=0) if b.requires_grad else None)
     inputs = (x, w) if b is None else (x, w, b)
-    return make_output(value, "linear", inputs, _backward, saves=_needs(x, w))
+    return make_output(value, "linear", inputs, _backward, saves=_needs(x, w), call=(linear, x, w, b))
 
 
 def _product(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:

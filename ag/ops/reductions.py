@@ -20,7 +20,7 @@ def sum(a, axis=None, keepdims: bool = False) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (np.broadcast_to(_expand(out.grad, axes, keepdims), a.shape),)
-    return make_output(value, "sum", (a,), _backward)
+    return make_output(value, "sum", (a,), _backward, call=(sum, a, axis, keepdims))
 
 
 def mean(a, axis=None, keepdims: bool = False) -> Tensor:
@@ -32,7 +32,7 @@ def mean(a, axis=None, keepdims: bool = False) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (np.broadcast_to(_expand(out.grad, axes, keepdims) / n, a.shape),)
-    return make_output(value, "mean", (a,), _backward)
+    return make_output(value, "mean", (a,), _backward, call=(mean, a, axis, keepdims))
 
 
 def max(a, axis=None, keepdims: bool = False) -> Tensor:
@@ -47,7 +47,7 @@ def max(a, axis=None, keepdims: bool = False) -> Tensor:
         is_max = saved[a] == _expand(saved[out], axes, keepdims)
         share = _expand(out.grad, axes, keepdims) / np.sum(is_max, axis=axes, keepdims=True)
         return (np.where(is_max, share, 0).astype(a.dtype, copy=False),)
-    return make_output(value, "max", (a,), _backward, saves=(a,), saves_output=True)
+    return make_output(value, "max", (a,), _backward, saves=(a,), saves_output=True, call=(max, a, axis, keepdims))
 
 
 def logsumexp(a, axis=None, keepdims: bool = False) -> Tensor:
@@ -59,7 +59,8 @@ def logsumexp(a, axis=None, keepdims: bool = False) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> Grads:
         lse = _expand(saved[out], axes, keepdims)
         return (_expand(out.grad, axes, keepdims) * _exp_shifted(saved[a], lse),)
-    return make_output(value, "logsumexp", (a,), _backward, saves=(a,), saves_output=True)
+    return make_output(value, "logsumexp", (a,), _backward, saves=(a,), saves_output=True,
+                       call=(logsumexp, a, axis, keepdims))
 
 
 def finite_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -114,7 +115,7 @@ def softmax(a, axis: int = -1) -> Tensor:
         g = saved.writable_grad()
         KERNELS.softmax_grad(g, saved[out], ax)
         return (g,)
-    return make_output(y, "softmax", (a,), _backward, saves_output=True)
+    return make_output(y, "softmax", (a,), _backward, saves_output=True, call=(softmax, a, axis))
 
 
 def log_softmax(a, axis: int = -1) -> Tensor:
@@ -126,4 +127,4 @@ def log_softmax(a, axis: int = -1) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> Grads:
         p = KERNELS.exp(saved[out])
         return (out.grad - p * np.sum(out.grad, axis=ax, keepdims=True),)
-    return make_output(value, "log_softmax", (a,), _backward, saves_output=True)
+    return make_output(value, "log_softmax", (a,), _backward, saves_output=True, call=(log_softmax, a, axis))

@@ -24,7 +24,7 @@ def reshape(a, *shape) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad.reshape(a.shape),)
-    return make_output(value, "reshape", (a,), _backward)
+    return make_output(value, "reshape", (a,), _backward, call=(reshape, a, shape))
 
 
 def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
@@ -40,7 +40,7 @@ def transpose(a, axes: Sequence[int] | None = None) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (np.transpose(out.grad, inverse),)
-    return make_output(value, "transpose", (a,), _backward)
+    return make_output(value, "transpose", (a,), _backward, call=(transpose, a, perm))
 
 
 def getitem(a, index) -> Tensor:
@@ -59,7 +59,7 @@ def getitem(a, index) -> Tensor:
         else:
             np.add.at(g, index, out.grad)
         return (g,)
-    return make_output(value, "getitem", (a,), _backward)
+    return make_output(value, "getitem", (a,), _backward, call=(getitem, a, index))
 
 
 def _plain_index(index):
@@ -89,7 +89,7 @@ def concat(tensors: Sequence, axis: int = 0) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return np.split(out.grad, ends, axis=ax)
-    return make_output(value, "concat", tensors, _backward)
+    return make_output(value, "concat", tensors, _backward, call=(concat, tensors, ax))
 
 
 def where(condition, a, b) -> Tensor:
@@ -106,4 +106,4 @@ def where(condition, a, b) -> Tensor:
         zero = out.grad.dtype.type(0)
         return (np.where(cond, out.grad, zero) if a.requires_grad else None,
                 np.where(cond, zero, out.grad) if b.requires_grad else None)
-    return make_output(value, "where", (a, b), _backward)
+    return make_output(value, "where", (a, b), _backward, call=(where, cond, a, b))

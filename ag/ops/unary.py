@@ -18,7 +18,7 @@ def exp(a) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad * saved[out],)
-    return make_output(value, "exp", (a,), _backward, saves_output=True)
+    return make_output(value, "exp", (a,), _backward, saves_output=True, call=(exp, a))
 
 
 def log(a) -> Tensor:
@@ -28,7 +28,7 @@ def log(a) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad / saved[a],)
-    return make_output(value, "log", (a,), _backward, saves=(a,))
+    return make_output(value, "log", (a,), _backward, saves=(a,), call=(log, a))
 
 
 def sqrt(a) -> Tensor:
@@ -38,7 +38,7 @@ def sqrt(a) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad / (2 * saved[out]),)
-    return make_output(value, "sqrt", (a,), _backward, saves_output=True)
+    return make_output(value, "sqrt", (a,), _backward, saves_output=True, call=(sqrt, a))
 
 
 def relu(a) -> Tensor:
@@ -50,7 +50,7 @@ def relu(a) -> Tensor:
         g = saved.writable_grad()  # in place: no second grad-sized buffer
         KERNELS.multiply(g, saved[out] > 0, out=g)
         return (g,)
-    return make_output(value, "relu", (a,), _backward, saves_output=True)
+    return make_output(value, "relu", (a,), _backward, saves_output=True, call=(relu, a))
 
 
 def tanh(a) -> Tensor:
@@ -61,7 +61,7 @@ def tanh(a) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> Grads:
         y = saved[out]
         return (out.grad * (1 - y * y),)
-    return make_output(value, "tanh", (a,), _backward, saves_output=True)
+    return make_output(value, "tanh", (a,), _backward, saves_output=True, call=(tanh, a))
 
 
 def sigmoid(a) -> Tensor:
@@ -73,7 +73,7 @@ def sigmoid(a) -> Tensor:
     def _backward(out: Tensor, saved: Saved) -> Grads:
         y = saved[out]
         return (out.grad * y * (1 - y),)
-    return make_output(y, "sigmoid", (a,), _backward, saves_output=True)
+    return make_output(y, "sigmoid", (a,), _backward, saves_output=True, call=(sigmoid, a))
 
 
 _GELU_C = math.sqrt(2 / math.pi)
@@ -90,7 +90,7 @@ def gelu(a) -> Tensor:
         g = saved.writable_grad()
         KERNELS.gelu_grad(g, saved[a])
         return (g,)
-    return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,))
+    return make_output(y.astype(a.dtype, copy=False), "gelu", (a,), _backward, saves=(a,), call=(gelu, a))
 
 
 @classroom("gelu")

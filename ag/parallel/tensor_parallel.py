@@ -43,7 +43,7 @@ def copy_to_tensor_region(x: Tensor, group: Group) -> Tensor:
     """f: y = x;  dx = Σ_ranks dy (each rank's heads contributed part of x's gradient)."""
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (group.all_reduce(out.grad),)
-    return make_output(x.value, "copy_to_tensor_region", (x,), _backward)
+    return make_output(x.value, "copy_to_tensor_region", (x,), _backward, call=(copy_to_tensor_region, x, group))
 
 
 def reduce_from_tensor_region(x: Tensor, group: Group) -> Tensor:
@@ -52,7 +52,7 @@ def reduce_from_tensor_region(x: Tensor, group: Group) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (out.grad,)
-    return make_output(value, "reduce_from_tensor_region", (x,), _backward)
+    return make_output(value, "reduce_from_tensor_region", (x,), _backward, call=(reduce_from_tensor_region, x, group))
 
 
 def reduce_scatter_to_sequence_region(x: Tensor, group: Group) -> Tensor:
@@ -61,7 +61,8 @@ def reduce_scatter_to_sequence_region(x: Tensor, group: Group) -> Tensor:
 
     def _backward(out: Tensor, saved: Saved) -> Grads:
         return (group.all_gather(out.grad),)
-    return make_output(value, "reduce_scatter_to_sequence_region", (x,), _backward)
+    return make_output(value, "reduce_scatter_to_sequence_region", (x,), _backward,
+                       call=(reduce_scatter_to_sequence_region, x, group))
 
 
 def gathered_linear(x: Tensor, w: Tensor, b: Tensor | None, group: Group) -> Tensor:
@@ -83,7 +84,7 @@ def gathered_linear(x: Tensor, w: Tensor, b: Tensor | None, group: Group) -> Ten
             dx = group.reduce_scatter(np.matmul(g, saved[w].T))
         return (dx, dw) if b is None else (dx, dw, db)
     inputs = (x, w) if b is None else (x, w, b)
-    return make_output(y, "gathered_linear", inputs, _backward, saves=(x, w))
+    return make_output(y, "gathered_linear", inputs, _backward, saves=(x, w), call=(gathered_linear, x, w, b, group))
 
 
 # ---- the layer ----

@@ -7,7 +7,6 @@ the grads alive at each backward step and each step's transient bytes.
 """
 from __future__ import annotations
 
-import sys
 import tracemalloc
 from typing import Any, Callable
 
@@ -43,7 +42,7 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
 
 
 class _Recorder:
-    """The "op run" subscriber: one entry per op output, read in the op's own frame; and the
+    """The "op run" subscriber: one entry per op output, with the call the event carries; and the
     scopes' subscriber, which numbers each entry of a scope ("attention core#1": the second)."""
 
     def __init__(self) -> None:
@@ -62,12 +61,11 @@ class _Recorder:
         if self.scopes:  # a scope entered before capture began is not on the stack
             self.scopes.pop()
 
-    def __call__(self, output: Tensor) -> None:
+    def __call__(self, output: Tensor, op_call: tuple) -> None:
         if not config.grad_enabled:
             return  # an op inside another that runs without a graph (checkpoint): the outer node owns it
-        frame = sys._getframe(3)  # this ← hooks.publish ← make_output ← the op
         flops = int(sum(self.counts.flops.values()))
-        call = _call_of(frame)
+        call = _call_of(output, op_call)
         source = None
         if output.value.base is not None:  # a view of one of its arguments?
             source = next((t for t in call.tensors() if _shares(output, t)), None)
@@ -115,22 +113,13 @@ class _Recorder:
         return graph
 
 
-def _call_of(frame) -> Call:
-    """The op running in ``frame`` and the arguments it holds now (normalised ones: a number
-    lifted to a Tensor, a drawn dropout mask), enough to run it again."""
-    code = frame.f_code
-    fn = frame.f_globals.get(code.co_name)
-    if getattr(fn, "__code__", None) is not code:
-        raise CaptureError(f"capture: op {code.co_qualname} is not a module-level function, so its output "
+def _call_of(output: Tensor, op_call: tuple) -> Call:
+    """The op that made ``output`` and the arguments it ran with, as ``make_output(call=...)``
+    gave them (normalised ones: a number lifted to a Tensor, a drawn dropout mask): enough to run it again."""
+    if not op_call or not callable(op_call[0]):
+        raise CaptureError(f"capture: op {output.op} gave make_output no call=(fn, *args), so its output "
                            "cannot be recomputed by calling it again")
-    n_pos, n_kw = code.co_argcount, code.co_kwonlyargcount
-    names = code.co_varnames
-    local = frame.f_locals
-    args = [local[name] for name in names[:n_pos]]
-    kwargs = {name: local[name] for name in names[n_pos:n_pos + n_kw]}
-    if code.co_flags & 0x04:  # CO_VARARGS
-        args.extend(local[names[n_pos + n_kw]])
-    return Call(fn, tuple(args), kwargs)
+    return Call(op_call[0], tuple(op_call[1:]), {})
 
 
 def _closure_bytes(closure) -> int:

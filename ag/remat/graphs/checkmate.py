@@ -195,7 +195,7 @@ def warm_starts(graph: Graph, budget: int, deadline: float = float("inf")) -> li
     """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions
     at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Stops
     making more at ``deadline``."""
-    makers = [lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
+    makers = [lambda: chain_schedule(graph, "keep all"), lambda: chain_schedule(graph, "keep none"),
               lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")]
     makers += [lambda f=f: dtr_schedule(graph, int(f * budget)) for f in (1.0, 0.9, 0.8)]
     if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):

@@ -35,7 +35,7 @@ BUDGETED = ("MILP", "LP rounding", "DTR", "greedy", "one-level optimal")
 
 def budgets_between(graph: Graph, points: int = 5) -> list[int]:
     """``points`` budgets from the smallest feasible bound to the no-recompute peak."""
-    top = chain_schedule(graph, "none").predicted_peak_bytes
+    top = chain_schedule(graph, "keep all").predicted_peak_bytes
     return [int(b) for b in np.linspace(lower_bound_bytes(graph), top, points)]
 
 
@@ -45,7 +45,8 @@ def sweep(graph: Graph, budgets: Sequence[int] | None = None, *, time_limit: flo
     return what each predicted and measured; a planner that finds nothing at a budget is left out."""
     budgets = budgets_between(graph) if budgets is None else list(budgets)
     points = []
-    fixed = {"checkpoint all": lambda: chain_schedule(graph, "none"), "recompute all": lambda: chain_schedule(graph, "all"),
+    fixed = {"checkpoint all": lambda: chain_schedule(graph, "keep all"),
+             "recompute all": lambda: chain_schedule(graph, "keep none"),
              "sqrt": lambda: chain_schedule(graph, "sqrt"),
              "uniform (2)": lambda: chain_schedule(graph, "uniform", num_layers=2),
              "block (half)": lambda: chain_schedule(graph, "block", num_layers=max(1, graph.n // 2)),
