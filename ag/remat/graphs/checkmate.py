@@ -29,10 +29,12 @@ approximation does: S is rounded at several thresholds, R is then whatever those
 The MILP is solved after ``recompute_lower_bound`` (a covering program over a few instants: a
 bound above 0 where the LP's is 0; a warm start that meets it needs no MILP) and the LP
 relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent.
-``time_limit`` is wall time from the call, building included: when it stops HiGHS (or the
-building), the best of its schedule, the rounding and the warm
-starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
-returned as "feasible", with the gap to the best bound.
+``time_limit`` is wall time from the call: one deadline that every phase spends from in turn
+(importing the solver, the warm starts ``warm_starts`` until half of it once one fits, the
+covering bound a tenth, building, the LP, its rounding, the MILP), the solve stopping early
+enough to read its answer back (``read_back_seconds``). When it stops HiGHS (or the building),
+the best of its schedule, the rounding and the warm starts (the fixed plans, DTR's evictions,
+the chain planners on a chain) is returned as "feasible", with the gap to the best bound.
 """
 from __future__ import annotations
 
