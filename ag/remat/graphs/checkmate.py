@@ -73,7 +73,7 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     cover = 0.0 if relax else recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
     if warm and warm[0].recompute_flops <= cover:
         return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
-    solve_by = deadline - read_back_seconds(warm, time_limit)
+    solve_by = deadline - read_back_seconds(graph, warm, time_limit)
     try:
         program = _Program(graph, budget, solve_by)
         c, integrality, lb, ub, A, lo, hi = program.build(highs.sparse)
@@ -227,8 +227,7 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
 
 def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
                 enough: float = float("inf")) -> list[Schedule]:
-    """The heuristic schedules that fit ``budget``, cheapest first, each with the seconds it took
-    to make (``solve_seconds``): the fixed plans, DTR's evictions at a few budgets and, on a chain,
+    """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions at a few budgets and, on a chain,
     the greedy and dynamic-programming chain plans. Makes no more after ``enough`` once one fits,
     and none after ``deadline``, where a DTR run in progress is cut."""
     makers = [lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
@@ -247,15 +246,17 @@ def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
             continue  # NeMo's modes need a transformer; a chain plan may not fit; DTR may not run
         except OutOfTime:
             break
-        found[-1].solve_seconds = time.perf_counter() - now
     return sorted((s for s in found if s.predicted_peak_bytes <= budget), key=lambda s: s.recompute_flops)
 
 
-def read_back_seconds(warm: list[Schedule], time_limit: float) -> float:
-    """What a solver keeps of its limit to read its answer back as a Schedule: twice the quickest
-    warm start's making (about one ``simulate`` under the machine's load now), at least 2%."""
-    quickest = min((s.solve_seconds for s in warm), default=0.05 * time_limit)
-    return min(0.25 * time_limit, max(0.02 * time_limit, 2 * quickest))
+def read_back_seconds(graph: Graph, warm: list[Schedule], time_limit: float) -> float:
+    """What a solver keeps of its limit to read its answer back as a Schedule: twice what pruning
+    and pricing the best warm start takes now, under the machine's load now; at least 2%."""
+    if not warm:
+        return 0.05 * time_limit
+    start = time.perf_counter()
+    Schedule(graph, *prune(graph, warm[0].R, warm[0].S), "a rehearsal")
+    return min(0.25 * time_limit, max(0.02 * time_limit, 2 * (time.perf_counter() - start)))
 
 
 class _Recording:

@@ -64,7 +64,7 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     deadline = start + time_limit
     warm = warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit)
     cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
-    solve_by = deadline - read_back_seconds(warm, time_limit)
+    solve_by = deadline - read_back_seconds(graph, warm, time_limit)
     found, interval_bound, proved, infeasible = None, None, False, False
     if not (warm and warm[0].recompute_flops <= cover):  # else the warm start is proved optimal
         try:
