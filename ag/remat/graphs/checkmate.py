@@ -443,6 +443,7 @@ class _Program:
         self.R = np.full((T, n), -1, dtype=np.int64)
         self.S = np.full((T, n), -1, dtype=np.int64)
         for t in range(T):
+            check_deadline(deadline)
             for i in range(n):
                 if t > self.need_until[i]:
                     continue
@@ -493,6 +494,7 @@ class _Program:
         ub[self.U.ravel()] = np.inf
         for t in range(min(T, n)):
             lb[self.R[t, t]] = 1  # frontier: stage t makes node t
+        stages = []
         for t in range(T):
             check_deadline(self.deadline)
             step = t - n if t >= n else None
@@ -513,14 +515,15 @@ class _Program:
                 if Si >= 0 and base is not None:
                     row([(Si, 1)] + ([(self.S[t, base], -1)] if self.S[t, base] >= 0 else []), -np.inf, 0)
             self._memory(t, reads, row)
+            stages.append(np.array([rows, cols, vals]))  # into NumPy stage by stage, between deadline checks
+            rows.clear(), cols.clear(), vals.clear()
         c = np.zeros(self.count)
-        for t in range(T):
-            for i in range(n):
-                if self.R[t, i] >= 0:
-                    c[self.R[t, i]] = g.nodes[i].flops / self.scale
+        made = self.R >= 0
+        c[self.R[made]] = np.array([node.flops for node in g.nodes])[np.nonzero(made)[1]] / self.scale
         integrality = np.zeros(self.count, dtype=np.int8)
         integrality[:self.binaries] = 1
-        A = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), self.count))
+        rows, cols, vals = np.concatenate(stages, axis=1)
+        A = sparse.csr_array((vals, (rows.astype(np.int64), cols.astype(np.int64))), shape=(len(lo), self.count))
         return c, integrality, lb, ub, A, np.array(lo, dtype=float), np.array(hi, dtype=float)
 
     def _memory(self, t: int, reads, row) -> None:
