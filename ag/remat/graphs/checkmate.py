@@ -228,20 +228,21 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
 def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
                 enough: float = float("inf")) -> list[Schedule]:
     """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions at a few budgets and, on a chain,
-    the greedy and dynamic-programming chain plans. Makes no more after ``enough`` once one fits,
-    and none after ``deadline``, where a DTR run in progress is cut."""
-    makers = [lambda: chain_schedule(graph, "none"), lambda: chain_schedule(graph, "all"),
-              lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")]
-    makers += [lambda f=f: dtr_schedule(graph, int(f * budget), deadline=deadline) for f in (1.0, 0.9, 0.8)]
+    the greedy and dynamic-programming chain plans. Makes none after ``enough`` once one fits, and
+    none after ``deadline``; a DTR run in progress is cut there."""
+    makers = [lambda _: chain_schedule(graph, "none"), lambda _: chain_schedule(graph, "all"),
+              lambda _: chain_schedule(graph, "sqrt"), lambda _: nemo(graph, "selective"),
+              lambda _: nemo(graph, "full")]
+    makers += [lambda until, f=f: dtr_schedule(graph, int(f * budget), deadline=until) for f in (1.0, 0.9, 0.8)]
     if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):
-        makers += [lambda s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
+        makers += [lambda _, s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
     found = []
     for make in makers:
-        now = time.perf_counter()
-        if now > deadline or (now > enough and cheapest_within(found, budget) is not None):
+        until = min(deadline, enough) if cheapest_within(found, budget) is not None else deadline
+        if time.perf_counter() > until:
             break
         try:
-            found.append(make())
+            found.append(make(until))
         except ValueError:
             continue  # NeMo's modes need a transformer; a chain plan may not fit; DTR may not run
         except OutOfTime:
