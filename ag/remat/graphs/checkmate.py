@@ -227,13 +227,14 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
 
 def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
                 enough: float = float("inf")) -> list[Schedule]:
-    """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions at a few budgets and, on a chain,
-    the greedy and dynamic-programming chain plans. Makes none after ``enough`` once one fits, and
-    none after ``deadline``; a DTR run in progress is cut there."""
-    makers = [lambda _: chain_schedule(graph, "none"), lambda _: chain_schedule(graph, "all"),
+    """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions
+    at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Makes none
+    after ``enough`` once one fits, and none after ``deadline``; a DTR run in progress is cut there.
+    No remat first (it settles loose budgets), then DTR at the budget (it fits at most budgets)."""
+    dtr = [lambda until, f=f: dtr_schedule(graph, int(f * budget), deadline=until) for f in (1.0, 0.9, 0.8)]
+    makers = [lambda _: chain_schedule(graph, "none"), dtr[0], lambda _: chain_schedule(graph, "all"),
               lambda _: chain_schedule(graph, "sqrt"), lambda _: nemo(graph, "selective"),
-              lambda _: nemo(graph, "full")]
-    makers += [lambda until, f=f: dtr_schedule(graph, int(f * budget), deadline=until) for f in (1.0, 0.9, 0.8)]
+              lambda _: nemo(graph, "full"), *dtr[1:]]
     if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):
         makers += [lambda _, s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
     found = []
