@@ -16,7 +16,7 @@ import ag
 from ag import memory_model, nn, remat
 from ag.remat import examples
 from ag.attention import flash_attention
-from ag.remat.graphs.model import stage_peak
+from ag.remat.graphs.model import prune, stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
     import scipy  # noqa: F401  (CI installs the solver extra: nothing here may skip)
@@ -557,6 +557,41 @@ def test_a_schedule_that_reads_what_is_not_resident_is_refused(graphs):
     S[graph.n:, :] = False  # keep nothing into backward, recompute nothing
     with pytest.raises(remat.ScheduleError, match="reads nodes"):
         remat.Schedule(graph, none.R, S, "broken")
+
+
+def _prune_until_nothing_changes(graph, R, S):
+    """prune's rule applied stage by stage, again and again, until a pass changes nothing."""
+    R, S = R.copy(), S.copy()
+    changed = True
+    while changed:
+        changed = False
+        for t in range(graph.stages):
+            used = set()
+            for j in np.flatnonzero(R[t]).tolist():
+                used |= graph.with_bases(graph.nodes[j].deps)
+            if t >= graph.n:
+                used |= graph.with_bases(graph.steps[t - graph.n].reads)
+            if t + 1 < graph.stages:
+                used |= graph.with_bases(np.flatnonzero(S[t + 1]).tolist())
+            for i in np.flatnonzero(R[t]).tolist():
+                if i != t and i not in used:
+                    R[t, i], changed = False, True
+            for i in np.flatnonzero(S[t]).tolist():
+                if i not in used:
+                    S[t, i], changed = False, True
+    return R, S
+
+
+@pytest.mark.parametrize("name", ["U-Net", "transformer (naive)"])
+def test_prune_in_one_pass_drops_what_pruning_until_nothing_changes_drops(graphs, name):
+    graph = graphs[name][0]
+    rng = np.random.default_rng(0)
+    for density in (0.1, 0.5, 0.9):
+        R = rng.random((graph.stages, graph.n)) < density
+        S = rng.random((graph.stages, graph.n)) < density
+        R[np.arange(graph.n), np.arange(graph.n)] = True
+        got, expected = prune(graph, R, S), _prune_until_nothing_changes(graph, R, S)
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]), density
 
 
 # ---- the lecture's answer ----

@@ -29,10 +29,12 @@ approximation does: S is rounded at several thresholds, R is then whatever those
 The MILP is solved after ``recompute_lower_bound`` (a covering program over a few instants: a
 bound above 0 where the LP's is 0; a warm start that meets it needs no MILP) and the LP
 relaxation, whose optimum bounds the recompute from below and whose rounding is an incumbent.
-``time_limit`` is wall time from the call, building included: when it stops HiGHS (or the
-building), the best of its schedule, the rounding and the warm
-starts (``warm_starts``: the fixed plans, DTR's evictions, the chain planners on a chain) is
-returned as "feasible", with the gap to the best bound.
+``time_limit`` is wall time from the call: one deadline that every phase spends from in turn
+(importing the solver, the warm starts ``warm_starts`` until half of it once one fits, the
+covering bound a tenth, building, the LP, its rounding, the MILP), the solve stopping early
+enough to read its answer back (``read_back_seconds``). When it stops HiGHS (or the building),
+the best of its schedule, the rounding and the warm starts (the fixed plans, DTR's evictions,
+the chain planners on a chain) is returned as "feasible", with the gap to the best bound.
 """
 from __future__ import annotations
 
@@ -62,12 +64,58 @@ def check_deadline(deadline: float) -> None:
 
 def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax: bool = False) -> Schedule:
     """The fewest recomputed FLOPs whose peak (under ``model``) fits ``budget_bytes``."""
-    start = time.perf_counter()
+    start = time.perf_counter()  # the clock runs from the call: importing scipy counts
+    highs = _highs_api()
+    budget = _checked(graph, budget_bytes, time_limit)
+    deadline = start + time_limit
+    warm = [] if relax else warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit)
+    # the covering bound in a tenth of the time: a warm start that meets it needs no MILP
+    cover = 0.0 if relax else recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
+    if warm and warm[0].recompute_flops <= cover:
+        return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
+    solve_by = deadline - read_back_seconds(graph, warm, time_limit)
+    try:
+        program = _Program(graph, budget, solve_by)
+        c, integrality, lb, ub, A, lo, hi = program.build(highs.sparse)
+    except OutOfTime:
+        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
+    problem = dict(c=c, bounds=highs.Bounds(lb, ub), constraints=highs.LinearConstraint(A, lo, hi))
+    # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
+    # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
+    lp_by = time.perf_counter() + (0.8 if relax else 0.5) * (solve_by - time.perf_counter())
+    lp = _highs(highs.milp, lp_by, integrality=np.zeros_like(integrality), **problem,
+                options={"time_limit": max(0.01, lp_by - time.perf_counter()), "disp": False})
+    if lp.status == 2:
+        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                         f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+    if relax:
+        return _relaxed(graph, program, lp, budget, time_limit, start)
+    rounded, bound = None, cover
+    if lp.x is not None:
+        bound = max(cover, program.unscale(lp.fun) - graph.forward_flops)
+        rounding_by = time.perf_counter() + 0.25 * (solve_by - time.perf_counter())
+        rounded = cheapest_within(_roundings(graph, program, lp.x, rounding_by), budget)
+    if solve_by - time.perf_counter() < 0.01:
+        return _stopped(graph, [rounded, *warm], budget, time_limit, time.perf_counter() - start, bound,
+                        "while solving the LP relaxation")
+    return _solved(graph, program, highs, problem, integrality, solve_by, [rounded, *warm], budget, time_limit,
+                   start, bound)
+
+
+WARM_SHARE = 0.5  # of the time limit, for the warm starts once one fits
+
+
+def _highs_api() -> SimpleNamespace:
     try:
         from scipy import sparse
         from scipy.optimize import Bounds, LinearConstraint, milp
     except ImportError:
         raise ImportError("checkmate needs scipy's HiGHS: pip install 'ag[solver]'") from None
+    return SimpleNamespace(sparse=sparse, Bounds=Bounds, LinearConstraint=LinearConstraint, milp=milp)
+
+
+def _checked(graph: Graph, budget_bytes: int, time_limit: float) -> int:
+    """The budget as an int, once the arguments are known to make sense."""
     if not isinstance(graph, Graph):
         raise TypeError(f"checkmate: expected a Graph from remat.capture, got {type(graph).__name__}")
     if not graph.steps:
@@ -83,60 +131,44 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     if budget < floor:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
                          f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
-    deadline = start + time_limit
-    warm = [] if relax else warm_starts(graph, budget, deadline)
-    # the covering bound in a tenth of the time: a warm start that meets it needs no MILP
-    bound_deadline = min(deadline, time.perf_counter() + 0.1 * time_limit)
-    cover = 0.0 if relax else recompute_lower_bound(graph, budget, bound_deadline)
-    if warm and warm[0].recompute_flops <= cover:
-        return _best_known(graph, warm, budget, time.perf_counter() - start, cover)
-    try:
-        program = _Program(graph, budget, deadline)
-        c, integrality, lb, ub, A, lo, hi = program.build(sparse)
-    except OutOfTime:
-        return _stopped(graph, warm, budget, time_limit, time.perf_counter() - start, cover, "while building the MILP")
-    problem = dict(bounds=Bounds(lb, ub), constraints=LinearConstraint(A, lo, hi))
-    # the LP relaxation first: its rounding is an incumbent and its optimum a lower bound. Half
-    # the time left at most, when the MILP follows: HiGHS reads its clock between iterations
-    share = 1.0 if relax else 0.5
-    lp = _highs(milp, deadline, c, integrality=np.zeros_like(integrality), **problem,
-                options={"time_limit": max(0.01, share * (deadline - time.perf_counter())), "disp": False})
-    if lp.status == 2:
-        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                         f"the smallest feasible budget is at least {floor:,} bytes")
-    if relax:
-        if lp.x is None:
-            raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
-                               "LP relaxation was solved; raise time_limit")
-        return _round(graph, program, lp.x, lp.fun, budget, time.perf_counter() - start)
-    rounded, bound = None, cover
-    if lp.x is not None:
-        bound = max(cover, program.unscale(lp.fun) - graph.forward_flops)
-        try:
-            rounded = _round(graph, program, lp.x, lp.fun, budget, 0.0)
-        except ValueError:
-            pass  # no rounding fits: the MILP alone
-    remaining = deadline - time.perf_counter()
-    if remaining < 0.01:
-        return _stopped(graph, [rounded, *warm], budget, time_limit, time.perf_counter() - start, bound,
-                        "while solving the LP relaxation")
-    result = _highs(milp, deadline, c, integrality=integrality, **problem,
-                    options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
-    seconds = time.perf_counter() - start
+    return budget
+
+
+def _relaxed(graph: Graph, program: "_Program", lp, budget: int, time_limit: float, start: float) -> Schedule:
+    """relax=True: the best rounding of the LP relaxation, with the LP's optimum as its bound."""
+    if lp.x is None:
+        raise TimeoutError(f"checkmate(relax=True): the time limit of {time_limit} s ended before the "
+                           "LP relaxation was solved; raise time_limit")
+    best = cheapest_within(_roundings(graph, program, lp.x, start + time_limit), budget)
+    if best is None:
+        raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
+                         "use the MILP (relax=False) or a larger budget")
+    best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", time.perf_counter() - start
+    return with_bound(best, max(0.0, program.unscale(lp.fun) - graph.forward_flops))
+
+
+def _solved(graph: Graph, program: "_Program", highs, problem: dict, integrality, solve_by: float,
+            incumbents: list, budget: int, time_limit: float, start: float, bound: float) -> Schedule:
+    """The MILP until ``solve_by``; its schedule, or the best incumbent, with the best bound."""
+    result = _highs(highs.milp, solve_by, integrality=integrality, **problem,
+                    options={"time_limit": max(0.01, solve_by - time.perf_counter()), "mip_rel_gap": 1e-9,
+                             "disp": False})
     if result.x is None and result.status == 2:
         raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                         f"the smallest feasible budget is at least {floor:,} bytes")
+                         f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
     dual = getattr(result, "mip_dual_bound", None)
     if dual is not None and np.isfinite(dual):
         bound = max(bound or 0.0, program.unscale(dual) - graph.forward_flops)
     schedule = None
     if result.x is not None:
         schedule = Schedule(graph, *prune(graph, *program.matrices(result.x)), "checkmate", budget,
-                            "optimal" if result.status == 0 else "feasible", solve_seconds=seconds)
+                            "optimal" if result.status == 0 else "feasible")
         if schedule.status == "optimal":
             schedule.gap, schedule.lower_bound = 0.0, float(schedule.recompute_flops)
+            schedule.solve_seconds = time.perf_counter() - start
             return schedule
-    return _stopped(graph, [schedule, rounded, *warm], budget, time_limit, seconds, bound, "before HiGHS found any schedule")
+    return _stopped(graph, [schedule, *incumbents], budget, time_limit, time.perf_counter() - start, bound,
+                    "before HiGHS found any schedule")
 
 
 def _highs(milp, deadline: float, *args, **kwargs):
@@ -185,44 +217,63 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
     best = cheapest_within(found, budget)
     if best is None:
         return None
-    best = with_bound(Schedule(graph, best.R, best.S, "checkmate", budget, "feasible", solve_seconds=seconds), bound)
+    # relabelled, not rebuilt: every candidate was made in this call, and ``simulate`` costs time
+    best.planner, best.budget_bytes, best.status, best.solve_seconds = "checkmate", budget, "feasible", seconds
+    best = with_bound(best, bound)
     if best.gap == 0:
         best.status = "optimal"  # the bound proves it, though the solver did not finish
     return best
 
 
-def warm_starts(graph: Graph, budget: int, deadline: float = float("inf")) -> list[Schedule]:
+def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
+                enough: float = float("inf")) -> list[Schedule]:
     """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions
-    at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Stops
-    making more at ``deadline``."""
-    makers = [lambda: chain_schedule(graph, "keep all"), lambda: chain_schedule(graph, "keep none"),
-              lambda: chain_schedule(graph, "sqrt"), lambda: nemo(graph, "selective"), lambda: nemo(graph, "full")]
-    makers += [lambda f=f: dtr_schedule(graph, int(f * budget)) for f in (1.0, 0.9, 0.8)]
+    at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Makes none
+    after ``enough`` once one fits, and none after ``deadline``; a DTR run in progress is cut there.
+    No remat first (it settles loose budgets), then DTR at the budget (it fits at most budgets)."""
+    dtr = [lambda until, f=f: dtr_schedule(graph, int(f * budget), deadline=until) for f in (1.0, 0.9, 0.8)]
+    makers = [lambda _: chain_schedule(graph, "keep all"), dtr[0], lambda _: chain_schedule(graph, "keep none"),
+              lambda _: chain_schedule(graph, "sqrt"), lambda _: nemo(graph, "selective"),
+              lambda _: nemo(graph, "full"), *dtr[1:]]
     if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):
-        makers += [lambda s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
+        makers += [lambda _, s=s: chain_schedule(graph, s, budget_bytes=budget) for s in ("greedy", "optimal")]
     found = []
     for make in makers:
-        if time.perf_counter() > deadline:
+        until = min(deadline, enough) if cheapest_within(found, budget) is not None else deadline
+        if time.perf_counter() > until:
             break
         try:
-            found.append(make())
+            found.append(make(until))
         except ValueError:
             continue  # NeMo's modes need a transformer; a chain plan may not fit; DTR may not run
+        except OutOfTime:
+            break
     return sorted((s for s in found if s.predicted_peak_bytes <= budget), key=lambda s: s.recompute_flops)
+
+
+def read_back_seconds(graph: Graph, warm: list[Schedule], time_limit: float) -> float:
+    """What a solver keeps of its limit to read its answer back as a Schedule: twice what pruning
+    and pricing the best warm start takes now, under the machine's load now; at least 2%."""
+    if not warm:
+        return 0.05 * time_limit
+    start = time.perf_counter()
+    Schedule(graph, *prune(graph, warm[0].R, warm[0].S), "a rehearsal")
+    return min(0.25 * time_limit, max(0.02 * time_limit, 2 * (time.perf_counter() - start)))
 
 
 class _Recording:
     """What DTR drives in place of ``execute``'s Run: nothing is computed; stage by stage it
     records what is resident when the stage starts (S) and what DTR computes in it (R)."""
 
-    def __init__(self, graph: Graph) -> None:
-        self.graph, self.resident = graph, set()
+    def __init__(self, graph: Graph, deadline: float = float("inf")) -> None:
+        self.graph, self.resident, self.deadline = graph, set(), deadline
         self.R = np.zeros((graph.stages, graph.n), dtype=bool)
         self.S = np.zeros((graph.stages, graph.n), dtype=bool)
         self.t = -1
         self.memory = _StagedMemory(graph, self)
 
     def begin(self, t: int) -> None:
+        check_deadline(self.deadline)
         self.t = t
         self.S[t, sorted(self.resident)] = True
 
@@ -249,14 +300,14 @@ class _StagedMemory(Memory):
         self.recording.begin(t)
 
 
-def dtr_schedule(graph: Graph, budget: int, heuristic: str = "dtr_eq") -> Schedule:
+def dtr_schedule(graph: Graph, budget: int, heuristic: str = "dtr_eq", deadline: float = float("inf")) -> Schedule:
     """DTR's run-time evictions at ``budget``, replayed without computing, as a schedule (a value
-    evicted and recomputed within one stage is kept instead: a stage computes a node once)."""
-    recording = _Recording(graph)
+    evicted and recomputed within one stage is kept instead: a stage computes a node once).
+    Raises OutOfTime if the replay is still running at ``deadline``."""
+    recording = _Recording(graph, deadline)
     GraphDTR(graph, budget, heuristic, recording).run()
-    R = recording.R & ~recording.S
     try:
-        return Schedule(graph, *prune(graph, R, _used_later(graph, R, recording.S)), "dtr")
+        return Schedule(graph, *prune(graph, recording.R & ~recording.S, recording.S), "dtr")
     except ScheduleError as error:
         raise ValueError(f"dtr_schedule: DTR's run is no schedule: {error}") from None
 
@@ -394,6 +445,7 @@ class _Program:
         self.R = np.full((T, n), -1, dtype=np.int64)
         self.S = np.full((T, n), -1, dtype=np.int64)
         for t in range(T):
+            check_deadline(deadline)
             for i in range(n):
                 if t > self.need_until[i]:
                     continue
@@ -444,6 +496,7 @@ class _Program:
         ub[self.U.ravel()] = np.inf
         for t in range(min(T, n)):
             lb[self.R[t, t]] = 1  # frontier: stage t makes node t
+        stages = []
         for t in range(T):
             check_deadline(self.deadline)
             step = t - n if t >= n else None
@@ -464,14 +517,15 @@ class _Program:
                 if Si >= 0 and base is not None:
                     row([(Si, 1)] + ([(self.S[t, base], -1)] if self.S[t, base] >= 0 else []), -np.inf, 0)
             self._memory(t, reads, row)
+            stages.append(np.array([rows, cols, vals]))  # into NumPy stage by stage, between deadline checks
+            rows.clear(), cols.clear(), vals.clear()
         c = np.zeros(self.count)
-        for t in range(T):
-            for i in range(n):
-                if self.R[t, i] >= 0:
-                    c[self.R[t, i]] = g.nodes[i].flops / self.scale
+        made = self.R >= 0
+        c[self.R[made]] = np.array([node.flops for node in g.nodes])[np.nonzero(made)[1]] / self.scale
         integrality = np.zeros(self.count, dtype=np.int8)
         integrality[:self.binaries] = 1
-        A = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), self.count))
+        rows, cols, vals = np.concatenate(stages, axis=1)
+        A = sparse.csr_array((vals, (rows.astype(np.int64), cols.astype(np.int64))), shape=(len(lo), self.count))
         return c, integrality, lb, ub, A, np.array(lo, dtype=float), np.array(hi, dtype=float)
 
     def _memory(self, t: int, reads, row) -> None:
@@ -563,33 +617,17 @@ def need_until(graph: Graph) -> list[int]:
     return until
 
 
-def _round(graph: Graph, program: _Program, x: np.ndarray, objective: float, budget: int,
-           seconds: float) -> Schedule:
-    """Two-phase rounding: S at thresholds (and a few random draws), then the R they need."""
+def _roundings(graph: Graph, program: _Program, x: np.ndarray, until: float) -> list[Schedule]:
+    """Two-phase rounding: S at thresholds (and a few random draws), then the R they need; made
+    until ``until`` (the first always)."""
     S_frac = program.fractional_S(x)
-    lp_bound = max(0.0, program.unscale(objective) - graph.forward_flops)
     rng = np.random.default_rng(0)
-    candidates = [S_frac >= threshold for threshold in (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)]
+    candidates = [S_frac >= threshold for threshold in (0.5, 0.25, 0.75, 0.1, 0.9, 0.01, 0.99)]
     candidates += [rng.random(S_frac.shape) < S_frac for _ in range(8)]
-    best = cheapest_within([complete(graph, S_round, "checkmate LP rounding") for S_round in candidates], budget)
-    if best is None:
-        raise ValueError(f"checkmate(relax=True): no rounding of the LP fits {budget:,} bytes; "
-                         "use the MILP (relax=False) or a larger budget")
-    best.budget_bytes, best.status, best.solve_seconds = budget, "feasible", seconds
-    return with_bound(best, lp_bound)
+    made = []
+    for S_round in candidates:
+        if made and time.perf_counter() > until:
+            break
+        made.append(complete(graph, S_round, "checkmate LP rounding"))
+    return made
 
-
-def _used_later(graph: Graph, R: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """S less what is kept into a stage that neither uses it nor hands it on, in one pass from the
-    last stage back (``prune`` would need a pass per stage for what DTR leaves resident)."""
-    S, n, T = S.copy(), graph.n, graph.stages
-    for t in range(T - 1, 0, -1):
-        used = set(np.flatnonzero(R[t]).tolist())
-        for k in list(used):
-            used |= graph.with_bases(graph.nodes[k].deps)
-        if t >= n:
-            used |= graph.with_bases(graph.steps[t - n].reads)
-        if t + 1 < T:
-            used |= graph.with_bases(np.flatnonzero(S[t + 1]).tolist())
-        S[t, [i for i in np.flatnonzero(S[t]).tolist() if i not in used]] = False
-    return S

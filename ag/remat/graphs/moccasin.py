@@ -43,8 +43,8 @@ import time
 
 import numpy as np
 
-from .checkmate import (OutOfTime, check_deadline, lower_bound_bytes, need_until, recompute_lower_bound,
-                        warm_starts, with_bound)
+from .checkmate import (WARM_SHARE, OutOfTime, check_deadline, lower_bound_bytes, need_until, read_back_seconds,
+                        recompute_lower_bound, warm_starts, with_bound)
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
@@ -62,15 +62,16 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     cp_model = _cp_model()
     budget = _checked(graph, budget_bytes, intervals, time_limit)
     deadline = start + time_limit
-    warm = warm_starts(graph, budget, deadline)
+    warm = warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit)
     cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
+    solve_by = deadline - read_back_seconds(graph, warm, time_limit)
     found, interval_bound, proved, infeasible = None, None, False, False
     if not (warm and warm[0].recompute_flops <= cover):  # else the warm start is proved optimal
         try:
-            program = _Program(graph, budget, intervals, cp_model, deadline)
+            program = _Program(graph, budget, intervals, cp_model, solve_by)
             program.at_least(cover)
             program.hint(warm)
-            found, interval_bound, proved = program.solve(deadline - 0.02 * time_limit)  # the rest: reading back
+            found, interval_bound, proved = program.solve(solve_by)
             infeasible = program.infeasible
         except OutOfTime:
             pass
@@ -83,8 +84,9 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     if best is None:
         raise TimeoutError(f"moccasin: the time limit of {time_limit} s ended before CP-SAT found any schedule "
                            f"for {graph.n} nodes at {budget:,} bytes, and no warm start fits; raise time_limit")
+    found_by = "CP-SAT" if best is found else f"warm start ({best.planner})"
     schedule = _reported(graph, best, budget, seconds, intervals, interval_bound, proved and best is found, cover)
-    schedule.found_by = "CP-SAT" if best is found else f"warm start ({best.planner})"
+    schedule.found_by = found_by
     return schedule
 
 
@@ -123,7 +125,9 @@ def _reported(graph: Graph, best: Schedule, budget: int, seconds: float, interva
               interval_bound: float | None, proved: bool, cover: float) -> Schedule:
     """``best`` as moccasin's answer, with its bounds: CP-SAT's among C-interval schedules, and
     for every schedule (the covering bound ``cover``, or CP-SAT's own when C suffices)."""
-    schedule = Schedule(graph, best.R, best.S, "moccasin", budget, "feasible", solve_seconds=seconds)
+    schedule = best  # relabelled, not rebuilt: it was made in this call, and ``simulate`` costs time
+    schedule.planner, schedule.budget_bytes, schedule.status, schedule.solve_seconds = ("moccasin", budget, "feasible",
+                                                                                       seconds)
     suffices = intervals >= intervals_that_suffice(graph)
     schedule.intervals = intervals
     proved = proved or schedule.recompute_flops <= cover
@@ -230,7 +234,7 @@ class _Program:
 
     def _memory(self, budget: int) -> None:
         """cumulative over the values' intervals and the fixed bytes of the model, instant by instant."""
-        m, g, n = self.model, self.graph, self.n
+        m, g = self.model, self.graph
         intervals, demands = [], []
         for v, node in enumerate(g.nodes):
             for i in range(self.C[v]):

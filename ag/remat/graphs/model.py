@@ -193,28 +193,18 @@ def simulate(graph: Graph, R: np.ndarray, S: np.ndarray) -> Prediction:
 def prune(graph: Graph, R: np.ndarray, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Drop what a stage computes or keeps and never uses: a recomputation nothing in its stage
     reads and the next does not keep, a kept value its stage neither reads nor hands on. The
-    peak can only fall, and a solver's free zero-FLOP recomputations go."""
+    peak can only fall, and a solver's free zero-FLOP recomputations go. One pass, from the last
+    stage back and the last node back: a value's use is decided by later stages and later nodes."""
     R, S = R.copy(), S.copy()
-    T = graph.stages
-    changed = True
-    while changed:
-        changed = False
-        for t in range(T):
-            computes = np.flatnonzero(R[t]).tolist()
-            used = set()
-            for j in computes:
-                used |= graph.with_bases(graph.nodes[j].deps)
-            step = stage_step(graph, t)
-            if step is not None:
-                used |= graph.with_bases(graph.steps[step].reads)
-            if t + 1 < T:
-                used |= graph.with_bases(np.flatnonzero(S[t + 1]).tolist())
-            for i in computes:
-                if i != t and i not in used:
-                    R[t, i] = False
-                    changed = True
-            for i in np.flatnonzero(S[t]).tolist():
-                if i not in used:
-                    S[t, i] = False
-                    changed = True
+    handed_on: set[int] = set()
+    for t in range(graph.stages - 1, -1, -1):
+        step = stage_step(graph, t)
+        used = handed_on | (graph.with_bases(graph.steps[step].reads) if step is not None else set())
+        for i in np.flatnonzero(R[t])[::-1].tolist():
+            if i != t and i not in used:
+                R[t, i] = False
+            else:
+                used |= graph.with_bases(graph.nodes[i].deps)
+        S[t, [i for i in np.flatnonzero(S[t]).tolist() if i not in used]] = False
+        handed_on = graph.with_bases(np.flatnonzero(S[t]).tolist())
     return R, S
