@@ -8,8 +8,8 @@ drops to an unprivileged user in a cgroup (``cgroups``), with rlimits and a secc
 as a normal user (a student checking themselves), the same process split runs without those
 privilege steps, and ``grade`` says so in one line.
 
-The sandbox only isolates: a ``Worker`` writes the files it is given and hides the paths it is
-told to; the judge decides both (``payload``).
+The sandbox only isolates: a ``Worker`` writes the files it is given, binds read-only the folders
+it is given, and hides the paths it is told to; the judge decides all three (``payload``).
 """
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def _cover(path: Path, needed: list[Path]) -> list[str]:
 
 class Worker:
     """One sandboxed worker: it gets ``files`` (bytes keyed by their path under the sandbox's root:
-    ``lib/`` is on its ``sys.path``, ``submission/`` holds the student's files), runs
+    ``lib/`` is on its ``sys.path``, ``submission/`` holds the student's files) and ``trees``
+    (folders of the machine keyed the same way, bound read-only; copied without root), runs
     ``ag.course.worker`` with ``options`` and answers probes. It chooses nothing: the judge
     decides what it gets (``payload``) and which paths of the machine it must not see (``hide``).
     ``label`` names what it loads in the student's messages ("your ex3_online_softmax.py");
@@ -133,10 +134,11 @@ class Worker:
     ``options`` give it a ``headroom``)."""
 
     def __init__(self, files: dict[str, bytes], options: dict, *, label: str, timeout: float, slot: int = 0,
-                 probes: int = 1, hide=()) -> None:
+                 probes: int = 1, hide=(), trees: dict[str, str] | None = None) -> None:
         self.label, self.timeout = label, timeout
         self.isolate = isolating()
         self.config = self._config(files, options, slot, probes, hide)
+        self.config["trees"] = dict(trees or {})
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.scratch: tempfile.TemporaryDirectory | None = None
