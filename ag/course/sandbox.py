@@ -232,15 +232,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def close(self) -> None:
-        """Close the channel (the worker exits), and make sure every process of it is gone."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass  # kill() below
+        """Close the channel and end every process of the worker at once: its replies are all in,
+        and nothing it would do on its way out (finalizers, ``atexit``) is waited for."""
         self.kill()
 
     def kill(self) -> None:
@@ -249,8 +242,11 @@ class Worker:
             self.sock = None
         if self.proc is not None:
             if self.proc.poll() is None:
-                for pid in _children(self.proc.pid):  # the namespace's PID 1: the kernel kills the rest
+                children = _children(self.proc.pid)
+                for pid in children:  # the namespace's PID 1: the kernel kills the rest
                     _signal(pid, signal.SIGKILL)
+                if self.isolate and children:
+                    _reaped(self.proc, 1.0)  # by unshare, so that the worker's CPU seconds are counted
                 _signal(self.proc.pid, signal.SIGKILL)
             if not self.isolate:
                 _signal(-self.proc.pid, signal.SIGKILL)  # its process group
@@ -308,6 +304,14 @@ def _send_json(sock: socket.socket, message: dict) -> None:
     """One plain JSON message: its length in 8 bytes, then the JSON (what ``launcher`` reads)."""
     data = json.dumps(message).encode()
     sock.sendall(struct.pack(">Q", len(data)) + data)
+
+
+def _reaped(proc: subprocess.Popen, seconds: float) -> None:
+    """Wait up to ``seconds`` for ``proc`` to exit."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _children(pid: int) -> list[int]:
