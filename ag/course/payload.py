@@ -112,7 +112,13 @@ def probe_source(test_file: Path) -> str:
     """A public graded test file without its checks: the ``test_*`` functions are cut out, so the
     worker gets the probes and their helpers and never sees an assertion or an expected value;
     the imports only the checks used go too (pytest's import alone would cost each worker 0.15 s)."""
-    lines = test_file.read_text().splitlines(keepends=True)
+    return _without_checks(test_file.read_text())
+
+
+@functools.lru_cache(maxsize=64)
+def _without_checks(text: str) -> str:
+    """``probe_source`` of a test file's text (the same for every student: cut once)."""
+    lines = text.splitlines(keepends=True)
     checks = [n for n in ast.parse("".join(lines)).body
               if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")]
     _delete(lines, checks)

@@ -91,10 +91,16 @@ def covered(secrets) -> list[str]:
     that lies inside what the root holds (``allowed_paths``); or, where a secret holds what the
     worker needs to run (Python, its packages), its other children. Secrets outside the allowed
     paths are not in the root at all."""
+    return list(_covered(tuple(str(s) for s in secrets)))
+
+
+@functools.lru_cache(maxsize=8)
+def _covered(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """``covered``, worked out once for a submission's workers (they share its secrets)."""
     needed = _python_paths()
     allowed = [Path(p) for p in allowed_paths()]
     hidden = {c for path in secrets for c in _cover(Path(path).resolve(), needed)}
-    return sorted(h for h in hidden if any(a == Path(h) or a in Path(h).parents for a in allowed))
+    return tuple(sorted(h for h in hidden if any(a == Path(h) or a in Path(h).parents for a in allowed)))
 
 
 def _python_paths() -> list[Path]:

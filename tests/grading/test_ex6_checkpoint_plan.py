@@ -1,4 +1,5 @@
 """Exercise 6: the √n plan and the optimal plan under a budget."""
+import functools
 import itertools
 
 import numpy as np
@@ -29,8 +30,10 @@ def optimal_plans(ex, sizes, costs, budgets):
     return plans
 
 
+@functools.lru_cache(maxsize=None)
 def brute_force(profile, budget):
-    """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan)."""
+    """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan),
+    searched once per judge."""
     best = None
     for r in range(profile.n + 1):
         for kept in itertools.combinations(range(profile.n), r):
