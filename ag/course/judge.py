@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             reply = _grade_one(args, ini, request["submission"], Path(request["out"]))
             replies.write(json.dumps(reply) + "\n")
             replies.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no next student: a stop must not cut the cleanup short
+        payload.remove_packages()
     return 0
 
 
