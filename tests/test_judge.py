@@ -175,7 +175,8 @@ def reduced(monkeypatch):
 
 def reduced_worker(submission, timeout=20):
     files = payload.worker_files(EX3, submission, REPO / "tests" / "grading")
-    worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=timeout)
+    worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=timeout,
+                            trees=payload.worker_trees(EX3))
     worker.start()
     return worker
 

@@ -76,7 +76,7 @@ def worker_with_probes():
     files = payload.worker_files(EX3, SOLUTIONS, GRADING)
     files["lib/sandbox_probes.py"] = PROBES.encode()
     worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=60,
-                            hide=payload.secrets(GRADING, SOLUTIONS))
+                            hide=payload.secrets(GRADING, SOLUTIONS), trees=payload.worker_trees(EX3))
     worker.start()
     try:
         yield lambda name, *args: worker.call(f"sandbox_probes:{name}", args, {})
@@ -148,7 +148,8 @@ def test_the_workers_dev_holds_the_harmless_devices_and_no_mqueue():
 def test_the_workers_memory_peak_is_measured_by_its_cgroup_from_outside():
     files = payload.worker_files(EX3, SOLUTIONS, GRADING)
     files["lib/sandbox_probes.py"] = PROBES.encode()
-    worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=60)
+    worker = sandbox.Worker(files, {"exercise": 3}, label=f"your {EX3.filename}", timeout=60,
+                            trees=payload.worker_trees(EX3))
     worker.start()
     try:
         assert worker.memory_peak(reset=True) is None

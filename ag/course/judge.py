@@ -137,7 +137,7 @@ class Session:
                 options = {"exercise": exercise.number, "headroom": self.headroom.get(exercise.number)}
                 worker = Worker(payload.worker_files(exercise, self.submission, self.tests), options,
                                 label=f"your {exercise.filename}", timeout=min(self.timeout, self._left()),
-                                slot=self.slot, hide=self.secrets,
+                                slot=self.slot, hide=self.secrets, trees=payload.worker_trees(exercise),
                                 probes=self.probes_per_exercise.get(exercise.number, 1))
                 worker.start()
             except StudentError as error:
@@ -203,8 +203,10 @@ _sigterm_was = pytest.StashKey[object]()
 
 
 def _stop_on_sigterm(signum, frame) -> None:
-    """A judge told to stop kills its workers and removes their cgroups before it goes; no results are written."""
+    """A judge told to stop kills its workers and removes their cgroups and its stubbed packages
+    before it goes; no results are written."""
     kill_all()
+    payload.remove_packages()
     os._exit(128 + signum)
 
 
@@ -312,13 +314,17 @@ def main(argv: list[str] | None = None) -> int:
             reply = _grade_one(args, ini, request["submission"], Path(request["out"]))
             replies.write(json.dumps(reply) + "\n")
             replies.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no next student: a stop must not cut the cleanup short
+        payload.remove_packages()
     return 0
 
 
 def _grade_one(args, ini: Path, submission: str, out: Path) -> dict:
     global _session
+    # no:unraisableexception: it collects garbage five times at each session's end, for warnings the judge ignores
     options = [args.tests, "-c", str(ini), "--rootdir", args.tests, "-p", "ag.course.judge", "-p",
-               "no:cacheprovider", "--assert=plain", "-q", "--no-header", "--tb=short", "-W", "ignore",
+               "no:cacheprovider", "-p", "no:unraisableexception", "--assert=plain", "-q", "--no-header",
+               "--tb=short", "-W", "ignore",
                "--ag-submission", submission, "--ag-timeout", str(args.timeout), "--ag-slot", str(args.slot)]
     if args.student_timeout:
         options += ["--ag-student-timeout", str(args.student_timeout)]

@@ -12,8 +12,9 @@ chose them), and then, when isolating:
    full, random, urandom); small fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run: the worker
    can write nowhere else, and nothing else on the machine (the graded tests, ag's source, any
    other checkout, other students, the results, the host's /dev/mqueue) exists for it;
-2. writes the sandbox (the ag tree with the graded exercise stubbed, the probes, the
-   submission) under /tmp/sandbox, owned by root, and chroots into the new root;
+2. writes the sandbox (the probes, the submission) under /tmp/sandbox, owned by root, binds
+   there read-only the folders the judge names (the ag tree with the graded exercise stubbed,
+   written once by the judge), and chroots into the new root;
 3. makes a scratch folder owned by the worker;
 4. sets the rlimits, drops to the unprivileged worker user, forbids new privileges and the
    kernel keyring calls (seccomp); it joined the worker's cgroup (memory and processes for all
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import struct
 import sys
 
@@ -66,6 +68,8 @@ def main(fd: int) -> None:
         os.chroot(new_root)
     else:
         _write_files(root, config["files"])
+        for relative, source in config["trees"].items():
+            shutil.copytree(source, _inside(root, relative))
     work = os.path.join(root, "work")
     os.makedirs(work, mode=0o700, exist_ok=True)
     if config["isolate"]:
@@ -156,8 +160,8 @@ def _build_root(config: dict) -> str:
     """A new root holding only what the worker may see (an allowlist, not a list of hiding
     places): a /dev of its own, small fresh tmpfs for /tmp, /var/tmp, /dev/shm and /run, and on
     top of them the system folders and Python's, each bound read-only, submounts included, at its
-    own path (a Python under /tmp lands in the fresh /tmp); ag's own install covered; /proc
-    read-only. Everything else on the machine (the graded tests, ag's source, other checkouts,
+    own path (a Python under /tmp lands in the fresh /tmp); ag's own install covered; the
+    judge's folders (``trees``) read-only in the sandbox; /proc read-only. Everything else on the machine (the graded tests, ag's source, other checkouts,
     other students, /home, /root) does not exist in it. It is staged on a tmpfs over /tmp, and
     what lies under the host's /tmp stays reachable through a handle taken before."""
     host_tmp = os.open(STAGE, os.O_PATH | os.O_DIRECTORY)
@@ -171,9 +175,11 @@ def _build_root(config: dict) -> str:
         _mount("tmpfs", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
     for path in config["allow"]:
         _bind_read_only(_reachable(path, host_tmp), new_root + path)
-    os.close(host_tmp)
     for path in config["hide"]:  # what lies inside the allowed folders but is not the worker's (ag's install)
         _hide(new_root + path)
+    for relative, source in config["trees"].items():  # the judge's folders: ag with the exercise stubbed
+        _bind_read_only(_reachable(source, host_tmp), _inside(new_root + SANDBOX, relative))
+    os.close(host_tmp)
     os.makedirs(new_root + "/proc")
     _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _read_only(new_root + "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -258,11 +264,17 @@ def _hide(path: str) -> None:
         _mount("/dev/null", path, None, MS_BIND)
 
 
+def _inside(root: str, relative: str) -> str:
+    """``root``/``relative``, refused if it would lie outside ``root``."""
+    path = os.path.join(root, relative)
+    if os.path.relpath(path, root).startswith(".."):
+        raise ValueError(f"launcher: {relative!r} is outside the sandbox")
+    return path
+
+
 def _write_files(root: str, files: dict) -> None:
     for relative, data in files.items():
-        path = os.path.join(root, relative)
-        if os.path.relpath(path, root).startswith(".."):
-            raise ValueError(f"launcher: {relative!r} is outside the sandbox")
+        path = _inside(root, relative)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with open(path, "wb") as out:
             out.write(data)

@@ -3,9 +3,10 @@
 The sandbox only isolates: it writes the files it is handed under the worker's root and covers
 the paths it is told to. The choice is made here, for one exercise of one submission:
 
-- ``lib/ag/...``: ag's package with that exercise stubbed (``assign.package_files({N})``), so the
+- ``lib/ag/``: ag's package with that exercise stubbed (``assign.package_files({N})``), so the
   exercise runs the student's code and every other exercise the library's solution, each module
-  with its bytecode compiled here once per exercise (``with_bytecode``), so no worker compiles ag;
+  with its bytecode (``with_bytecode``): a folder written here once per exercise and bound
+  read-only into each worker (``worker_trees``), so no worker compiles ag or is sent it;
 - ``lib/test_exN_*.py``: the exercise's public test files without their checks (``probe_source``);
 - ``lib/<helper>.py``: the other public ``.py`` files of the tests folder that the probes import
   (not ``test_*``, not ``conftest*``; nothing of ``hidden/``);
@@ -28,8 +29,9 @@ INSTRUCTOR_MARKS = ("ag", "ag-src", "pyproject.toml", "solutions")  # a folder h
 
 
 def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str, bytes]:
-    """The files of the worker for ``exercise``, keyed by their path under the sandbox's root."""
-    files = {f"lib/{path}": data for path, data in _package(exercise.number).items()}
+    """The files of the worker for ``exercise``, keyed by their path under the sandbox's root
+    (ag itself comes as a folder: ``worker_trees``)."""
+    files = {}
     for test_file in sorted(tests.glob(f"test_ex{exercise.number}_*.py")):
         files[f"lib/{test_file.name}"] = probe_source(test_file).encode()
     for helper in sorted(tests.glob("*.py")):  # public helpers the probes import (zero_pages.py); not references/, a folder
@@ -41,10 +43,39 @@ def worker_files(exercise: Exercise, submission: Path, tests: Path) -> dict[str,
     return files
 
 
+def worker_trees(exercise: Exercise) -> dict[str, str]:
+    """The folders the worker for ``exercise`` gets read-only, keyed by their path under the
+    sandbox's root: ``lib/ag``, ag with that exercise stubbed (the same for every student)."""
+    return {f"lib/{PACKAGE.name}": str(_package_folder(exercise.number) / PACKAGE.name)}
+
+
 @functools.lru_cache(maxsize=None)
-def _package(number: int) -> dict[str, bytes]:
-    """ag with exercise ``number`` stubbed, with its bytecode: the same for every student."""
-    return with_bytecode(package_files({number}))
+def _package_folder(number: int) -> Path:
+    """ag with exercise ``number`` stubbed, with its bytecode, written once in this process's
+    folder (``_packages``): files 0644 and folders 0755, so the worker's user reads them."""
+    folder = Path(_packages().name) / f"ex{number}"
+    for path, data in with_bytecode(package_files({number})).items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
+        (folder / path).chmod(0o644)
+    for inner in [folder, *folder.rglob("*")]:
+        if inner.is_dir():
+            inner.chmod(0o755)  # whatever the umask
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def _packages() -> tempfile.TemporaryDirectory:
+    """The folder of this process's stubbed packages, removed when it exits (or ``remove_packages``)."""
+    return tempfile.TemporaryDirectory(prefix="ag-packages-")
+
+
+def remove_packages() -> None:
+    """Remove the stubbed packages now (a judge stopped by a signal exits without its finalizers)."""
+    if _packages.cache_info().currsize:
+        _packages().cleanup()
+    _packages.cache_clear()
+    _package_folder.cache_clear()
 
 
 def with_bytecode(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -81,7 +112,13 @@ def probe_source(test_file: Path) -> str:
     """A public graded test file without its checks: the ``test_*`` functions are cut out, so the
     worker gets the probes and their helpers and never sees an assertion or an expected value;
     the imports only the checks used go too (pytest's import alone would cost each worker 0.15 s)."""
-    lines = test_file.read_text().splitlines(keepends=True)
+    return _without_checks(test_file.read_text())
+
+
+@functools.lru_cache(maxsize=64)
+def _without_checks(text: str) -> str:
+    """``probe_source`` of a test file's text (the same for every student: cut once)."""
+    lines = text.splitlines(keepends=True)
     checks = [n for n in ast.parse("".join(lines)).body
               if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.lower().startswith("test")]
     _delete(lines, checks)

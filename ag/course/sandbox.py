@@ -8,8 +8,8 @@ drops to an unprivileged user in a cgroup (``cgroups``), with rlimits and a secc
 as a normal user (a student checking themselves), the same process split runs without those
 privilege steps, and ``grade`` says so in one line.
 
-The sandbox only isolates: a ``Worker`` writes the files it is given and hides the paths it is
-told to; the judge decides both (``payload``).
+The sandbox only isolates: a ``Worker`` writes the files it is given, binds read-only the folders
+it is given, and hides the paths it is told to; the judge decides all three (``payload``).
 """
 from __future__ import annotations
 
@@ -91,10 +91,16 @@ def covered(secrets) -> list[str]:
     that lies inside what the root holds (``allowed_paths``); or, where a secret holds what the
     worker needs to run (Python, its packages), its other children. Secrets outside the allowed
     paths are not in the root at all."""
+    return list(_covered(tuple(str(s) for s in secrets)))
+
+
+@functools.lru_cache(maxsize=8)
+def _covered(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """``covered``, worked out once for a submission's workers (they share its secrets)."""
     needed = _python_paths()
     allowed = [Path(p) for p in allowed_paths()]
     hidden = {c for path in secrets for c in _cover(Path(path).resolve(), needed)}
-    return sorted(h for h in hidden if any(a == Path(h) or a in Path(h).parents for a in allowed))
+    return tuple(sorted(h for h in hidden if any(a == Path(h) or a in Path(h).parents for a in allowed)))
 
 
 def _python_paths() -> list[Path]:
@@ -125,7 +131,8 @@ def _cover(path: Path, needed: list[Path]) -> list[str]:
 
 class Worker:
     """One sandboxed worker: it gets ``files`` (bytes keyed by their path under the sandbox's root:
-    ``lib/`` is on its ``sys.path``, ``submission/`` holds the student's files), runs
+    ``lib/`` is on its ``sys.path``, ``submission/`` holds the student's files) and ``trees``
+    (folders of the machine keyed the same way, bound read-only; copied without root), runs
     ``ag.course.worker`` with ``options`` and answers probes. It chooses nothing: the judge
     decides what it gets (``payload``) and which paths of the machine it must not see (``hide``).
     ``label`` names what it loads in the student's messages ("your ex3_online_softmax.py");
@@ -133,10 +140,11 @@ class Worker:
     ``options`` give it a ``headroom``)."""
 
     def __init__(self, files: dict[str, bytes], options: dict, *, label: str, timeout: float, slot: int = 0,
-                 probes: int = 1, hide=()) -> None:
+                 probes: int = 1, hide=(), trees: dict[str, str] | None = None) -> None:
         self.label, self.timeout = label, timeout
         self.isolate = isolating()
         self.config = self._config(files, options, slot, probes, hide)
+        self.config["trees"] = dict(trees or {})
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.scratch: tempfile.TemporaryDirectory | None = None
@@ -230,15 +238,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def close(self) -> None:
-        """Close the channel (the worker exits), and make sure every process of it is gone."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass  # kill() below
+        """Close the channel and end every process of the worker at once: its replies are all in,
+        and nothing it would do on its way out (finalizers, ``atexit``) is waited for."""
         self.kill()
 
     def kill(self) -> None:
@@ -247,8 +248,11 @@ class Worker:
             self.sock = None
         if self.proc is not None:
             if self.proc.poll() is None:
-                for pid in _children(self.proc.pid):  # the namespace's PID 1: the kernel kills the rest
+                children = _children(self.proc.pid)
+                for pid in children:  # the namespace's PID 1: the kernel kills the rest
                     _signal(pid, signal.SIGKILL)
+                if self.isolate and children:
+                    _reaped(self.proc, 1.0)  # by unshare, so that the worker's CPU seconds are counted
                 _signal(self.proc.pid, signal.SIGKILL)
             if not self.isolate:
                 _signal(-self.proc.pid, signal.SIGKILL)  # its process group
@@ -306,6 +310,14 @@ def _send_json(sock: socket.socket, message: dict) -> None:
     """One plain JSON message: its length in 8 bytes, then the JSON (what ``launcher`` reads)."""
     data = json.dumps(message).encode()
     sock.sendall(struct.pack(">Q", len(data)) + data)
+
+
+def _reaped(proc: subprocess.Popen, seconds: float) -> None:
+    """Wait up to ``seconds`` for ``proc`` to exit."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _children(pid: int) -> list[int]:

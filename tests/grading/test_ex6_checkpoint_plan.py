@@ -30,8 +30,10 @@ def optimal_plans(ex, sizes, costs, budgets):
     return plans
 
 
+@functools.lru_cache(maxsize=None)
 def brute_force(profile, budget):
-    """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan)."""
+    """The fewest recomputed FLOPs of any plan whose predicted peak fits ``budget`` (None: no plan),
+    searched once per judge."""
     return min((flops for peak, flops in every_plan(profile) if peak <= budget), default=None)
 
 
