@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -280,6 +281,10 @@ def test_the_judge_imports_the_ag_that_launched_it_even_where_isolation_alone_wo
 
 def test_a_judge_silent_past_the_student_limit_is_stopped_and_the_student_not_graded(tmp_path, monkeypatch):
     monkeypatch.setattr(grading, "JUDGE_GRACE", 1.0)
+    temp = tmp_path / "tmp"  # the judge's and its caller's temporary folders go here
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     tests = one_graded_test(tmp_path / "graded", "    import time\n    time.sleep(120)\n")
     submission = tmp_path / "submission"
     submission.mkdir()
@@ -291,6 +296,7 @@ def test_a_judge_silent_past_the_student_limit_is_stopped_and_the_student_not_gr
         assert time.perf_counter() - started < 30 and judge.process.poll() is not None
     finally:
         judge.close()
+    assert list(temp.iterdir()) == []  # a judge stopped mid-grade leaves no folder behind
 
 
 BOUNDED = '''\

@@ -191,8 +191,10 @@ class Judge:
         self.limit = student_limit(timeout, student_timeout)
         self.scratch = tempfile.TemporaryDirectory(prefix="ag-grade-")
         self.log = open(Path(self.scratch.name) / "judge.log", "w+")
+        ini = Path(self.scratch.name) / "pytest.ini"
+        ini.write_text("[pytest]\n")
         command = [sys.executable, "-I", "-B", "-c", BOOT, str(PACKAGE.parent), str(PACKAGE / "__init__.py"),
-                   "--tests", str(self.tests.resolve()), "--timeout", str(timeout), "--student-timeout",
+                   "--tests", str(self.tests.resolve()), "--ini", str(ini), "--timeout", str(timeout), "--student-timeout",
                    str(self.limit), "--slot", str(slot), *[a for p in hide for a in ("--hide", str(p))]]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                         text=True, cwd=self.scratch.name, env=judge_env())

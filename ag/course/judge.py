@@ -27,7 +27,6 @@ import resource
 import signal
 import sys
 import threading
-import tempfile
 import time
 from pathlib import Path
 
@@ -294,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     the graded tests are imported once, however many students a class has."""
     parser = argparse.ArgumentParser(prog="python -m ag.course.judge", description=__doc__.splitlines()[0])
     parser.add_argument("--tests", required=True)
+    parser.add_argument("--ini", required=True, help="an empty pytest.ini in the caller's folder (removed by it, "
+                        "however the judge ends): the graded tests run under no one else's configuration")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--student-timeout", type=float, default=None)
     parser.add_argument("--slot", type=int, default=0)
@@ -306,16 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupted)  # stopped by `grade`: pytest's finish closes the workers
     replies = sys.stdout
     sys.stdout = sys.stderr  # pytest's report is a log; stdout carries only the replies
-    with tempfile.TemporaryDirectory(prefix="ag-judge-") as scratch:
-        ini = Path(scratch) / "pytest.ini"
-        ini.write_text("[pytest]\n")  # the graded tests run under no one else's configuration
-        for line in sys.stdin:
-            request = json.loads(line)
-            reply = _grade_one(args, ini, request["submission"], Path(request["out"]))
-            replies.write(json.dumps(reply) + "\n")
-            replies.flush()
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no next student: a stop must not cut the cleanup short
-        payload.remove_packages()
+    ini = Path(args.ini)
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply = _grade_one(args, ini, request["submission"], Path(request["out"]))
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no next student: a stop must not cut the cleanup short
+    payload.remove_packages()
     return 0
 
 
