@@ -30,6 +30,7 @@ class Tiles:
         self.offset = offset
         self._masks: dict[tuple, np.ndarray] = {}
         self._scores: np.ndarray | None = None  # S_ij's buffer, reused by every tile
+        self._wides: dict[int, np.ndarray] = {}  # the wide products' operands and result
         self._tanh: np.ndarray | None = None  # softcap: the last tile's tanh(S / cap), for its slope
         self._keep: tuple = (None, None)  # dropout: the last tile's (where, Z / (1 - p))
 
@@ -78,11 +79,29 @@ class Tiles:
         dtype, wide = b.dtype, self.product_dtype(b.dtype)
         if wide == dtype and a.dtype == dtype:
             return np.matmul(a, b, out=out)
-        exact = np.matmul(a, b, dtype=wide)
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        exact = np.matmul(self._wide(0, a), self._wide(1, b), out=self._buffer(2, shape, wide))
         if out is None:
             return exact.astype(dtype)
         np.copyto(out, exact)
         return out
+
+    def _wide(self, slot: int, x: np.ndarray) -> np.ndarray:
+        """x copied into buffer ``slot`` in ``product_dtype`` (x itself if already so)."""
+        wide = self.product_dtype(x.dtype)
+        if x.dtype == wide:
+            return x
+        buffer = self._buffer(slot, x.shape, wide)
+        np.copyto(buffer, x)
+        return buffer
+
+    def _buffer(self, slot: int, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Buffer ``slot`` of the wide products, reused as the score tile's is."""
+        size = math.prod(shape)
+        held = self._wides.get(slot)
+        if held is None or held.size < size or held.dtype != dtype:
+            held = self._wides[slot] = np.empty(size, dtype)
+        return held[:size].reshape(shape)
 
     def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """rowsum(a ∘ b) as (..., rows, 1), summed in ``product_dtype`` (D = rowsum(dO ∘ O))."""
@@ -164,6 +183,7 @@ class Tiles:
         """Free what the tiles keep between steps: the causal masks, the score buffer, softcap's tanh
         and dropout's mask."""
         self._masks.clear()
+        self._wides.clear()
         self._scores = self._tanh = None
         self._keep = (None, None)
 
