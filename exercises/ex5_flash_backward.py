@@ -1,14 +1,15 @@
 """Exercise 5: Tiled attention backward by recomputation.
 
-Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each
-query tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from
-tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile,
-scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
-dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale
-once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). With
-dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is tiles.dropout(dO V^T,
-q_start, k_start) (each the array itself without dropout); with softcap,
-tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
+Write FlashAttention-2's backward: D = rowsum(dO * O) (tiles.row_dot(dog, og)); for each
+key/value tile and each query tile that sees it (tiles.query_tiles), recompute P = exp(S -
+L) from tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled
+query tile, scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T
+(tiles.product(do_i, v_j^T), which takes a float32 product in float64, as tiles.scores
+does), dS = P * (dP - D), dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and
+dk are multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the
+group axis -3). With dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is
+tiles.dropout(dO V^T, q_start, k_start) (each the array itself without dropout); with
+softcap, tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
 flash_attention runs your loop.
 
 Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of

@@ -1,14 +1,15 @@
 """Solution 5: Tiled attention backward by recomputation.
 
-Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each
-query tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from
-tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile,
-scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
-dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale
-once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). With
-dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is tiles.dropout(dO V^T,
-q_start, k_start) (each the array itself without dropout); with softcap,
-tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
+Write FlashAttention-2's backward: D = rowsum(dO * O) (tiles.row_dot(dog, og)); for each
+key/value tile and each query tile that sees it (tiles.query_tiles), recompute P = exp(S -
+L) from tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled
+query tile, scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T
+(tiles.product(do_i, v_j^T), which takes a float32 product in float64, as tiles.scores
+does), dS = P * (dP - D), dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and
+dk are multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the
+group axis -3). With dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is
+tiles.dropout(dO V^T, q_start, k_start) (each the array itself without dropout); with
+softcap, tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
 flash_attention runs your loop.
 
 Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of
@@ -44,7 +45,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
-    d_row = np.sum(dog * og, axis=-1, keepdims=True)
+    d_row = tiles.row_dot(dog, og)
     for k_start in range(0, h.n_k, tiles.block_k):
         cols = slice(k_start, k_start + tiles.block_k)
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
@@ -56,7 +57,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             p = tiles.exp(s)
             p_kept = tiles.dropout(p, q_start, k_start)  # what the forward multiplied V by
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p_kept, -1, -2), do_i))
-            ds = tiles.dropout(np.matmul(do_i, np.swapaxes(v_j, -1, -2)), q_start, k_start)
+            ds = tiles.dropout(tiles.product(do_i, np.swapaxes(v_j, -1, -2)), q_start, k_start)
             ds -= d_row[..., rows, :]
             ds *= p
             ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)

@@ -23,7 +23,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION
-    d_row = np.sum(dog * og, axis=-1, keepdims=True)
+    d_row = tiles.row_dot(dog, og)
     for k_start in range(0, h.n_k, tiles.block_k):
         cols = slice(k_start, k_start + tiles.block_k)
         k_j, v_j = kg[..., cols, :], vg[..., cols, :]
@@ -35,7 +35,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             p = tiles.exp(s)
             p_kept = tiles.dropout(p, q_start, k_start)  # what the forward multiplied V by
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p_kept, -1, -2), do_i))
-            ds = tiles.dropout(np.matmul(do_i, np.swapaxes(v_j, -1, -2)), q_start, k_start)
+            ds = tiles.dropout(tiles.product(do_i, np.swapaxes(v_j, -1, -2)), q_start, k_start)
             ds -= d_row[..., rows, :]
             ds *= p
             ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)

@@ -13,7 +13,12 @@ from .variants import Variants, bh_index
 
 
 class Tiles:
-    """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share."""
+    """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share.
+
+    Float32 tiles take S, dP and D in float64, rounded once: near a one-hot row dS = P ∘ (dP − D)
+    is a difference of nearly equal terms, which a float32 product's rounding would swamp."""
+
+    wide_products = True
 
     def __init__(self, heads: Heads, causal, scale: float, block_q: int, block_k: int,
                  offset: int | None = None, variants: Variants | None = None) -> None:
@@ -25,6 +30,7 @@ class Tiles:
         self.offset = offset
         self._masks: dict[tuple, np.ndarray] = {}
         self._scores: np.ndarray | None = None  # S_ij's buffer, reused by every tile
+        self._wides: dict[int, np.ndarray] = {}  # the wide products' operands and result
         self._tanh: np.ndarray | None = None  # softcap: the last tile's tanh(S / cap), for its slope
         self._keep: tuple = (None, None)  # dropout: the last tile's (where, Z / (1 - p))
 
@@ -62,16 +68,56 @@ class Tiles:
         start = first - first % self.block_q
         return range(start, last + 1 if last >= first else start, self.block_q)
 
+    def product_dtype(self, dtype) -> np.dtype:
+        """The float a tile's products are taken in: float64 for float32 tiles where ``wide_products``,
+        else their own."""
+        dtype = np.dtype(dtype)
+        return np.dtype(np.float64) if self.wide_products and dtype == np.float32 else dtype
+
+    def product(self, a: np.ndarray, b: np.ndarray, out=None) -> np.ndarray:
+        """a @ b, taken in ``product_dtype`` of b's dtype and rounded once to it (into ``out`` if given)."""
+        dtype, wide = b.dtype, self.product_dtype(b.dtype)
+        if wide == dtype and a.dtype == dtype:
+            return np.matmul(a, b, out=out)
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        exact = np.matmul(self._wide(0, a), self._wide(1, b), out=self._buffer(2, shape, wide))
+        if out is None:
+            return exact.astype(dtype)
+        np.copyto(out, exact)
+        return out
+
+    def _wide(self, slot: int, x: np.ndarray) -> np.ndarray:
+        """x copied into buffer ``slot`` in ``product_dtype`` (x itself if already so)."""
+        wide = self.product_dtype(x.dtype)
+        if x.dtype == wide:
+            return x
+        buffer = self._buffer(slot, x.shape, wide)
+        np.copyto(buffer, x)
+        return buffer
+
+    def _buffer(self, slot: int, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Buffer ``slot`` of the wide products, reused as the score tile's is."""
+        size = math.prod(shape)
+        held = self._wides.get(slot)
+        if held is None or held.size < size or held.dtype != dtype:
+            held = self._wides[slot] = np.empty(size, dtype)
+        return held[:size].reshape(shape)
+
+    def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """rowsum(a ∘ b) as (..., rows, 1), summed in ``product_dtype`` (D = rowsum(dO ∘ O))."""
+        return np.einsum("...c,...c->...", a, b, dtype=self.product_dtype(a.dtype))[..., None]
+
     def scaled_queries(self, q: np.ndarray, rows: slice) -> np.ndarray:
-        """scale · Q_i: folding the scale into the query tile saves a pass over every score tile."""
-        return q[..., rows, :] * q.dtype.type(self.scale)
+        """scale · Q_i, in ``product_dtype``: folding the scale into the query tile saves a pass over
+        every score tile."""
+        return np.multiply(q[..., rows, :], self.scale, dtype=self.product_dtype(q.dtype))
 
     def scores(self, q_i, k_j, q_start: int, k_start: int) -> np.ndarray:
-        """S_ij = (scale · Q_i) K_jᵀ, with masked entries set to -inf whatever they were (q_i comes
-        scaled; a NaN in a key a row cannot see must not reach that row, as it would through + -inf).
-        Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory."""
-        s = np.matmul(q_i, np.swapaxes(k_j, -1, -2),
-                      out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], np.result_type(q_i, k_j)))
+        """S_ij = (scale · Q_i) K_jᵀ in K_j's dtype, with masked entries set to -inf whatever they were
+        (q_i comes scaled; a NaN in a key a row cannot see must not reach that row, as it would through
+        + -inf). Every tile is written into the same buffer, as a GPU keeps S_ij in on-chip memory."""
+        s = self.product(q_i, np.swapaxes(k_j, -1, -2),
+                         out=self._score_tile(q_i.shape[:-1] + k_j.shape[-2:-1], k_j.dtype))
         if self.variants is not None:  # softcap, a window (the causal mask folded in) and ALiBi's bias
             rows, cols = np.arange(q_start, q_start + s.shape[-2]), np.arange(k_start, k_start + s.shape[-1])
             if self.variants.softcap:
@@ -137,6 +183,7 @@ class Tiles:
         """Free what the tiles keep between steps: the causal masks, the score buffer, softcap's tanh
         and dropout's mask."""
         self._masks.clear()
+        self._wides.clear()
         self._scores = self._tanh = None
         self._keep = (None, None)
 

@@ -116,10 +116,11 @@ EXERCISES = (
         needs=()),
     Exercise(
         5, "flash_backward", "Tiled attention backward by recomputation",
-        "Write FlashAttention-2's backward: D = rowsum(dO * O); for each key/value tile and each query "
+        "Write FlashAttention-2's backward: D = rowsum(dO * O) (tiles.row_dot(dog, og)); for each key/value tile and each query "
         "tile that sees it (tiles.query_tiles), recompute P = exp(S - L) from "
         "tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled query tile, "
-        "scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D), "
+        "scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T (tiles.product(do_i, v_j^T), "
+        "which takes a float32 product in float64, as tiles.scores does), dS = P * (dP - D), "
         "dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and dk are multiplied by scale "
         "once after your loop; for GQA, group_sum sums dK and dV over the group axis -3). With dropout, "
         "dV takes tiles.dropout(p, q_start, k_start) for P and dP is tiles.dropout(dO V^T, q_start, k_start) "

@@ -41,6 +41,8 @@ EXP2_FAST = exp2_is_fast()
 class LabTiles(Tiles):
     """``Tiles`` with the lab's arithmetic: the same loops run on it unchanged."""
 
+    wide_products = False  # speed first: float32 products stay float32 (FA3 rule: the classroom path)
+
     def __init__(self, heads: Heads, causal, scale: float, block_q: int, block_k: int,
                  offset: int | None = None) -> None:
         super().__init__(heads, causal, scale, block_q, block_k, offset)
