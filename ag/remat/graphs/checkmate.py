@@ -377,24 +377,23 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     after it), at a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP
     optimum bounds every schedule. Any subset of instants keeps it valid: the ``instants`` that
     overflow most."""
-    from scipy import sparse
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    highs = _highs_api()
     try:
         chosen = sorted(_instants(graph, budget, deadline), key=lambda i: -i[2] - sum(graph.nodes[v].size
                                                                                      for v in i[3]))
         if not chosen:
             return 0.0  # nothing overflows: the no-recompute schedule fits
-        c, A, lo = _covering_program(graph, chosen[:instants], budget, sparse, deadline)
+        c, A, lo = _covering_program(graph, chosen[:instants], budget, highs.sparse, deadline)
     except OutOfTime:
         return 0.0  # the trivial bound
-    problem = dict(bounds=Bounds(0, 1), constraints=LinearConstraint(A, lo, np.inf))
-    lp = _highs(milp, deadline, c, integrality=np.zeros(len(c)), **problem)
+    problem = dict(bounds=highs.Bounds(0, 1), constraints=highs.LinearConstraint(A, lo, np.inf))
+    lp = _highs(highs.milp, deadline, c, integrality=np.zeros(len(c)), **problem)
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
     bound = float(lp.fun) if lp.x is not None else 0.0
     remaining = deadline - time.perf_counter()
     if remaining > 0.01:
-        result = _highs(milp, deadline, c, integrality=np.ones(len(c)), **problem,
+        result = _highs(highs.milp, deadline, c, integrality=np.ones(len(c)), **problem,
                         options={"time_limit": remaining, "disp": False})
         dual = getattr(result, "mip_dual_bound", None)  # not ``fun``: HiGHS stops within a relative gap
         if dual is not None and np.isfinite(dual):
