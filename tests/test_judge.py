@@ -248,6 +248,15 @@ def one_graded_test(folder: Path, body: str) -> Path:
     return folder
 
 
+def settled(proc_file: Path, seconds: float = 10.0) -> str:
+    """``proc_file`` once the kernel has filled it in: Popen returns when exec closes its pipe, a moment
+    before the new process's arguments and environment are set up (read then, both are empty)."""
+    deadline = time.monotonic() + seconds
+    while not (text := proc_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return text
+
+
 def test_the_judge_runs_isolated_in_its_own_folder_with_only_the_allowlisted_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TA_API_TOKEN", "ta-secret")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -255,9 +264,9 @@ def test_the_judge_runs_isolated_in_its_own_folder_with_only_the_allowlisted_env
     monkeypatch.chdir(tmp_path)
     judge = grading.Judge(one_graded_test(tmp_path / "graded", "    pass\n"))
     try:
-        environ = dict(v.split("=", 1) for v in Path(f"/proc/{judge.process.pid}/environ").read_text().split("\0") if v)
+        environ = dict(v.split("=", 1) for v in settled(Path(f"/proc/{judge.process.pid}/environ")).split("\0") if v)
         cwd = os.readlink(f"/proc/{judge.process.pid}/cwd")
-        argv = Path(f"/proc/{judge.process.pid}/cmdline").read_text().split("\0")
+        argv = settled(Path(f"/proc/{judge.process.pid}/cmdline")).split("\0")
     finally:
         judge.close()
     assert "TA_API_TOKEN" not in environ and "PYTHONPATH" not in environ
