@@ -35,7 +35,7 @@ the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
 from ..checkpoint import checkpoint
 from .chains.cost import ChainProfile, as_profile, predict, profile, sequential_schedule
 from .chains.plans import STRATEGIES, mode_for, plan
-from .chains.runner import Layer, sequential
+from .chains.sequential import Layer, sequential
 from .graphs import examples
 from .graphs.capture import capture
 from .graphs.checkmate import checkmate, lower_bound_bytes
