@@ -113,7 +113,8 @@ class Chain(Runner):
 
     def _put_back(self, k: int, again: list[Tensor]) -> None:
         """Check that replayed layer k made what its forward made; in segment mode, put back
-        each value that is gone and that a backward step still reads."""
+        each value that is gone and that a backward step still reads (but the replay's own:
+        the engine puts that back from what ``replay`` returns)."""
         first, wanted = self.made[k], self.wanted()
         if len(again) != len(first):
             raise GraphError(f"replay of layer {k} made {len(again)} tensors where the forward made "
