@@ -4,6 +4,7 @@ import pytest
 
 import ag
 from ag import remat
+from ag.remat.runner import Runner
 
 N_LAYERS, BATCH, WIDTH = 10, 6, 5
 
@@ -127,6 +128,48 @@ def test_segment_mode_recomputes_each_run_once_and_tensor_mode_each_value_from_i
     assert segment.matmuls["recompute"] == 4 + 4
     # tensor: x_i costs i+1 products before the checkpoint and i-4 after it
     assert tensor.matmuls["recompute"] == (1 + 2 + 3 + 4) + (1 + 2 + 3 + 4)
+
+
+def _computations(monkeypatch):
+    """Spy on the one runner: (runner class, node, times computed before) for every node computed."""
+    calls = []
+    compute = Runner.compute
+
+    def spy(self, k, x=None):
+        calls.append((type(self).__name__, k, self.times[k]))
+        return compute(self, k, x)
+    monkeypatch.setattr(Runner, "compute", spy)
+    return calls
+
+
+def _chain(layers):
+    def fn(h):
+        for layer in layers:
+            h = layer(h)
+        return ag.sum(h)
+    return fn
+
+
+def test_sequential_and_execute_recompute_the_same_nodes_through_the_one_runner(weights, x_value, monkeypatch):
+    layers = [lambda h, w=w: h @ w for w in weights]
+    x = ag.Tensor(x_value)
+    graph = remat.capture(_chain(layers), x)  # node k is layer k's product, as in the chain
+    calls = _computations(monkeypatch)
+    with ag.count_ops() as chained:
+        ag.sum(remat.sequential(layers, x, [4], mode="segment")).backward()
+    by_sequential, chain_grads = calls[:], grads(weights)
+    del calls[:]
+    for w in weights:
+        w.grad = None
+    ran = remat.execute(remat.from_keep(graph, [4]))
+    for got, want in zip(grads(weights), chain_grads):
+        np.testing.assert_array_equal(got, want)
+    assert ran.recompute_flops == chained.flops["recompute"] > 0
+
+    def recomputed(by, runner):
+        return sorted(k for who, k, before in by if who == runner and before)
+    assert recomputed(by_sequential, "Chain") == recomputed(calls, "Run") == [0, 1, 2, 3, 5, 6, 7, 8]
+    assert {who for who, _, _ in by_sequential} == {"Chain"} and {who for who, _, _ in calls} == {"Run"}
 
 
 def test_sequential_refuses_a_checkpoint_that_is_not_a_layer(weights, x_value):

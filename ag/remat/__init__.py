@@ -24,10 +24,12 @@ On any graph (Checkmate's view, Jain et al. 2020):
 - ``dynamic(graph, budget_bytes)`` is DTR on any graph, at run time;
 - ``from_keep``, ``chain_schedule`` and ``nemo`` write the fixed plans as schedules on a graph.
 
-Chains (lecture 3) live in ``chains/``: ``runner`` (sequential and its replay), ``schedule`` (a
+One runner computes every schedule's nodes (``runner``): made once with a graph, made again
+without one into the same Tensors. Chains (lecture 3) live in ``chains/``: ``sequential`` (the
+chain's layers on the runner, replayed by rematerializers), ``schedule`` (a
 chain as a graph, a plan as R and S), ``cost`` (profile, sequential_schedule, predict), ``plans`` (the chain strategies), ``dtr`` (dynamic on a chain). Graphs (lecture 6) live
 in ``graphs/``: ``graph`` (the data), ``capture``, ``model`` (the one memory model), ``schedule``,
-``execute`` (the one runner), ``keep`` (a fixed set kept, as a schedule), ``chain_plans`` and
+``execute`` (a graph's ops on the runner, event by event), ``keep`` (a fixed set kept, as a schedule), ``chain_plans`` and
 ``nemo`` (the chain planners and NeMo's modes as such schedules), ``checkmate``, ``moccasin``,
 ``revolve``, ``dtr`` (dynamic on a graph), ``sweep`` and ``examples``. ``checkpoint`` sits beside
 the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
@@ -35,7 +37,7 @@ the engine (``ag/checkpoint.py``): ``nn`` uses it without this package.
 from ..checkpoint import checkpoint
 from .chains.cost import ChainProfile, as_profile, predict, profile, sequential_schedule
 from .chains.plans import STRATEGIES, mode_for, plan
-from .chains.runner import Layer, sequential
+from .chains.sequential import Layer, sequential
 from .graphs import examples
 from .graphs.capture import capture
 from .graphs.checkmate import checkmate, lower_bound_bytes

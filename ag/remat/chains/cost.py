@@ -11,7 +11,7 @@ from ...tensor import Tensor
 from ...trace import count_ops
 from ..graphs.model import Prediction
 from ..graphs.schedule import Schedule
-from .runner import Layer, check_checkpoints
+from .sequential import Layer, check_checkpoints
 from .schedule import chain_graph, sequential_matrices
 
 

@@ -8,11 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ...discard import release_unneeded
-from ...hooks import record_tensors
 from ...tensor import Tensor
 from ...trace import count_ops
-from .runner import Chain, Layer
+from .sequential import Chain, Layer
 
 
 def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tensor:
@@ -26,11 +24,9 @@ def dynamic_chain(layers: Sequence[Layer], x: Tensor, budget_bytes: int) -> Tens
         raise ValueError(f"dynamic: budget_bytes must be positive, got {budget_bytes!r}")
     chain = _Dynamic(list(layers), x, int(budget_bytes))
     h = x
-    for k, layer in enumerate(chain.layers):
-        with record_tensors() as made, count_ops() as counts:
-            out = layer(h)
-        release_unneeded([out], [h])
-        chain.add(made, out)
+    for k in range(len(chain.layers)):
+        with count_ops() as counts:
+            out, _ = chain.compute(k, h)
         chain.costs.append(max(1, sum(counts.flops.values())))
         chain.touch(k)
         chain.enforce_budget(protect={k})

@@ -2,9 +2,9 @@
 exactly as ``model.events`` says, and measures the peak with tracemalloc and the recomputed
 FLOPs with ``count_ops``. The grads land in the leaves' ``.grad``, as after ``backward()``.
 
-Each node is made once by calling its op with a graph (stage t < n), which gives it a fresh
-Tensor and backward closure; a recomputation calls the op again without a graph and puts the
-value back into that Tensor, whose closure never went away.
+``Run`` is the one runner (``remat.runner``) on a graph: node k is an op, made once with a graph
+(stage t < n), which gives it a fresh Tensor and backward closure; a recomputation calls the op
+again without a graph and puts the value back into that Tensor, whose closure never went away.
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Iterator
 import numpy as np
 
 from ... import trace
-from ...modes import no_grad, phase
+from ...modes import phase
 from ...errors import GraphError
 from ...tensor import Tensor, backward_step
+from ..runner import Runner
 from .graph import Graph
 from .model import Memory, events
 
@@ -35,13 +36,14 @@ class Execution:
     loss: float
 
 
-class Run:
+class Run(Runner):
     """One run of the captured step: a fresh Tensor per node, made when the node is first computed.
 
     ``record=True`` writes down what ran as Checkmate's matrices: ``R[t, i]``, node i computed in
     stage t; ``S[t, i]``, node i resident when stage t began (what DTR ran, as a schedule)."""
 
     def __init__(self, graph: Graph, *, record: bool = False) -> None:
+        super().__init__(graph.n)
         self.graph = graph
         self.tensors: list[Tensor | None] = [None] * graph.n
         self.done: set[int] = set()  # nodes whose backward step has run
@@ -72,20 +74,21 @@ class Run:
             raise GraphError(f"execute: node {k} ({self.graph.nodes[k].op}) is read but not resident")
         return t
 
+    def first(self, k: int, x=None) -> None:
+        with phase("forward"):  # stage k < n is the forward, whatever phase execute was called under
+            self.tensors[k] = self.graph.nodes[k].call.run(self.value_of)
+
+    def again(self, k: int, x=None) -> None:
+        self.tensors[k].value = self.graph.nodes[k].call.run(self.value_of).value
+
     def compute(self, k: int) -> None:
-        node = self.graph.nodes[k]
-        t = self.tensors[k]
+        """The runner's compute, with the event's bookkeeping: R, the workspace, the model's bytes."""
         self.note_stage()
         if self.R.size:
             self.R[self.t, k] = True
         if self.measuring:
             tracemalloc.reset_peak()
-        if t is None:  # first time: with a graph, so it gets its backward closure
-            with phase("forward"):
-                self.tensors[k] = node.call.run(self.value_of)
-        else:
-            with no_grad(), phase("recompute"):
-                t.value = node.call.run(self.value_of).value
+        super().compute(k)
         if self.measuring:
             now, peak = tracemalloc.get_traced_memory()
             self.workspace[k] = max(0, peak - now)

@@ -4,8 +4,9 @@ every other output a rematerializer that replays the layers from the nearest kep
 Indices: layer k's output is ``x_k``; the chain's input (index -1) is always kept. A layer whose
 output is kept keeps everything it made that backward reads; a layer whose output is not kept
 has its output and its internals recomputed, by replaying the layers from the nearest kept
-output under ``no_grad``. ``schedule.sequential_matrices`` writes what it runs as R and S on the
-chain's graph: that is what ``predict`` prices.
+output. ``schedule.sequential_matrices`` writes what it runs as R and S on the chain's graph:
+that is what ``predict`` prices. Each layer is a node of the one runner (``remat.runner``):
+made once with a graph in the forward, made again without one by a replay in backward.
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...hooks import record_tensors
-from ...modes import no_grad
 from ...discard import release_unneeded
 from ...errors import GraphError
 from ...tensor import Tensor
+from ..runner import Runner
 
 
 Layer = Callable[[Tensor], Tensor]
@@ -39,13 +40,8 @@ def sequential(layers: Sequence[Layer], x: Tensor, checkpoints: Sequence[int], *
     kept = check_checkpoints("sequential", checkpoints, len(layers))
     chain = Chain(list(layers), x, mode)
     h, last_kept = x, -1
-    for k, layer in enumerate(chain.layers):
-        with record_tensors() as made:
-            out = layer(h)
-        if not isinstance(out, Tensor):
-            raise TypeError(f"sequential: layer {k} returned {type(out).__name__}, expected a Tensor")
-        release_unneeded([out], [h])
-        chain.add(made, out)
+    for k in range(len(chain.layers)):
+        out, made = chain.compute(k, h)
         if k in kept:
             last_kept = k
         else:
@@ -54,20 +50,39 @@ def sequential(layers: Sequence[Layer], x: Tensor, checkpoints: Sequence[int], *
     return h
 
 
-class Chain:
-    """What a replay needs: the layers, what each made the first time, and the kept outputs.
+class Chain(Runner):
+    """The one runner on a chain: node k is layer k, and what it made is its Tensors.
 
     It holds the tensors weakly: the graph decides how long they live, as without it.
     """
 
     def __init__(self, layers: list[Layer], x: Tensor, mode: str) -> None:
+        super().__init__(len(layers))
         self.layers, self.x, self.mode = layers, x, mode
         self.made: list[list[weakref.ref]] = []
         self.outputs: list[weakref.ref] = []
+        self.wanted = _nothing  # the tensor a replay is for: the engine puts its value back itself
 
-    def add(self, made: list[Tensor], out: Tensor) -> None:
+    def run_layer(self, k: int, h: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Layer k on h: its output, and every Tensor it made, in order."""
+        with record_tensors() as made:
+            out = self.layers[k](h)
+        if not isinstance(out, Tensor):
+            raise TypeError(f"sequential: layer {k} returned {type(out).__name__}, expected a Tensor")
+        release_unneeded([out], [h])  # no graph on a replay: nothing to release
+        return out, made
+
+    def first(self, k: int, h: Tensor) -> tuple[Tensor, list[Tensor]]:
+        out, made = self.run_layer(k, h)
         self.made.append([weakref.ref(t) for t in made])
         self.outputs.append(weakref.ref(out))
+        return out, made
+
+    def again(self, k: int, h: Tensor) -> tuple[Tensor, list[Tensor]]:
+        out, again = self.run_layer(k, h)
+        self._put_back(k, again)
+        self.restored(k)
+        return out, again
 
     def make_recomputable(self, k: int, start: int, made: list[Tensor], out: Tensor) -> None:
         for t in made:
@@ -84,27 +99,26 @@ class Chain:
         if first is None or first.value is None:
             raise GraphError(f"replay of layers {start + 1}..{stop}: the kept output x_{start} "
                              "is gone; was backward already past it?")
-        h, found = first, None
-        with no_grad():
-            for k in range(start + 1, stop + 1):
-                with record_tensors() as again:
-                    h = self.layers[k](h)
-                value = self._restore(k, again, wanted)
-                found = value if value is not None else found
-                self.restored(k)
-        if found is None:
-            raise GraphError(f"replay of layers {start + 1}..{stop} did not recompute {wanted.describe()}")
-        return found
+        h, self.wanted = first, weakref.ref(wanted)
+        for k in range(start + 1, stop):
+            h = self.compute(k, h)[0]  # the layer's other values go now, unless put back
+        again = self.compute(stop, h)[1]
+        for ref, new in zip(self.made[stop], again):
+            if ref() is wanted:
+                return new.value
+        raise GraphError(f"replay of layers {start + 1}..{stop} did not recompute {wanted.describe()}")
 
     def restored(self, k: int) -> None:
         """Called after layer k's values were restored by a replay."""
 
-    def _restore(self, k: int, again: list[Tensor], wanted: Tensor) -> np.ndarray | None:
-        first = self.made[k]
+    def _put_back(self, k: int, again: list[Tensor]) -> None:
+        """Check that replayed layer k made what its forward made; in segment mode, put back
+        each value that is gone and that a backward step still reads (but the replay's own:
+        the engine puts that back from what ``replay`` returns)."""
+        first, wanted = self.made[k], self.wanted()
         if len(again) != len(first):
             raise GraphError(f"replay of layer {k} made {len(again)} tensors where the forward made "
                              f"{len(first)}: a replayed layer must run the same ops")
-        found = None
         for ref, new in zip(first, again):
             original = ref()
             if original is None:
@@ -112,11 +126,13 @@ class Chain:
             if original.shape != new.shape:
                 raise GraphError(f"replay of layer {k} made shape {new.shape} where the forward "
                                  f"made {original.shape} for {original.describe()}")
-            if original is wanted:
-                found = new.value
-            elif self.mode == "segment" and original.value is None and original._needed_by > 0:
+            if (self.mode == "segment" and original is not wanted and original.value is None
+                    and original._needed_by > 0):
                 original.value = new.value
-        return found
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Replay:
