@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from ag import course
-from ag.course import batch
+from ag.course import batch, extract, intake
 
 from test_redteam import hidden_lines, strings_in  # tests/ is on sys.path under pytest
 
@@ -334,3 +335,33 @@ def test_a_link_through_the_graders_cwd_and_a_hard_link_score_zero(zipped):
 
 def test_the_zipped_upload_leaves_nothing_behind(zipped):
     assert leftovers(zipped) == []
+
+
+# ---- notebooks that cost the grader's own process time or memory (the intake runs as root, before any cap) ----
+
+@pytest.mark.timeout(120)
+def test_a_notebook_of_20000_one_line_imports_is_taken_in_seconds(tmp_path):
+    """Each definition's source was cut out by ast.get_source_segment, which splits the whole cell
+    at every call: 5,000 one-line imports (50 KB) held the grader a minute and a half, outside any limit."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "imports.ipynb", "import os\n" * 20_000 + solution_source(3))
+    started = time.monotonic()
+    taken = intake.take(up, tmp_path / "copy")
+    assert time.monotonic() - started < 20
+    assert taken.files == sorted(e.filename for e in course.EXERCISES) and taken.notes == []
+
+
+def test_a_notebook_whose_code_would_take_gigabytes_to_parse_costs_only_its_exercises(tmp_path):
+    """1 MB of ``x = (a, a, ...)`` is a million nodes: the parser took some 750 MB for it (16 MB: 12 GB)."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "tuple.ipynb", solution_source(3), "x = (" + "a, " * 350_000 + ")\n")
+    tracemalloc.start()
+    try:
+        taken = intake.take(up, tmp_path / "copy")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
+    assert taken.notes == [f"tuple.ipynb: its code cells hold more than {extract.MAX_CODE // 1024} KB of text, "
+                           "more than the grader parses (put data in files, not in cells); its exercises are not graded"]
+    assert EX[3].filename not in taken.files and len(taken.files) == len(course.EXERCISES) - 1

@@ -213,10 +213,7 @@ def _write(dest: Path, found: dict[str, bytes], notes: list[str]) -> list[str]:
             continue
         if not extracted:
             notes.append(f"{shown(name)}: nothing taken, it does not define all the functions of any exercise")
-        for filename, source in extracted.items():
-            if len(source.encode()) > MAX_FILE:  # the worker takes no larger exercise file
-                notes.append(f"{shown(name)}: {filename} not graded, its definitions are larger than {_mb(MAX_FILE)}")
-                continue
+        for filename, source in extracted.items():  # each under MAX_FILE: a notebook holds at most MAX_CODE
             files.setdefault(filename, source.encode())
     for filename, data in files.items():
         (dest / filename).write_bytes(data)
