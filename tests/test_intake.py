@@ -282,7 +282,7 @@ def test_a_notebook_with_more_code_than_the_cap_gives_no_file_and_says_so(tmp_pa
     padding = "padding = '" + "x" * extract.MAX_CODE + "'\n"
     notebook(up / "huge.ipynb", "def merge_softmax_blocks(a, b):\n    return a\n", padding)
     taken = intake.take(up, tmp_path / "copy")
-    assert taken.files == [] and taken.notes == ["huge.ipynb: its code cells hold more than 256 KB of text, more than "
-                                                 "the grader parses (put data in files, not in cells); its exercises "
-                                                 "are not graded"]
+    assert taken.files == [] and taken.notes == ["huge.ipynb: not read, an upload's notebooks may hold 256 KB of code "
+                                                 "in all, the most the grader parses (put data in files, not in "
+                                                 "cells); its exercises are not graded"]
     assert 4 * extract.MAX_CODE < intake.MAX_FILE  # so a notebook's exercise file is never over the file cap

@@ -362,6 +362,21 @@ def test_a_notebook_whose_code_would_take_gigabytes_to_parse_costs_only_its_exer
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
-    assert taken.notes == [f"tuple.ipynb: its code cells hold more than {extract.MAX_CODE // 1024} KB of text, "
-                           "more than the grader parses (put data in files, not in cells); its exercises are not graded"]
+    assert taken.notes == [f"tuple.ipynb: not read, an upload's notebooks may hold {extract.MAX_CODE // 1024} KB of "
+                           "code in all, the most the grader parses (put data in files, not in cells); its exercises "
+                           "are not graded"]
     assert EX[3].filename not in taken.files and len(taken.files) == len(course.EXERCISES) - 1
+
+
+def test_many_notebooks_under_the_code_cap_each_are_not_all_parsed(tmp_path):
+    """The cap is the upload's, not each notebook's: 30 notebooks of 200 KB of code each took half a minute."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "a_ex3.ipynb", solution_source(3))
+    for i in range(30):
+        notebook(up / f"n{i:03}.ipynb", "x = (" + "a, " * 70_000 + ")\n")
+    started = time.monotonic()
+    taken = intake.take(up, tmp_path / "copy")
+    assert time.monotonic() - started < 10
+    assert taken.files == sorted(e.filename for e in course.EXERCISES)
+    assert taken.notes[0] == "n000.ipynb: nothing taken, it does not define all the functions of any exercise"
+    assert taken.notes[1].startswith("n001.ipynb: not read, an upload's notebooks may hold 256 KB of code in all")

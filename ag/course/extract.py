@@ -15,8 +15,8 @@ from .exercises import EXERCISES
 
 # IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
 MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
-# characters of code a notebook may hold, all cells together: the parser needs up to ~700 times that in
-# memory, in the grader's own process (the course's solutions together are 27 KB)
+# characters of code an upload's notebooks may hold, all cells together: the parser needs up to ~700 times
+# that in memory, and a second for 256 KB, in the grader's own process (the course's solutions are 27 KB)
 MAX_CODE = 256 * 1024
 # a line as the parser numbers them: \r\n, \r and \n end one (str.splitlines also splits at \f, \x1c, ...)
 LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
@@ -36,7 +36,12 @@ def exercise_files(name: str, data: bytes) -> dict[str, str]:
     constants) in cell order; expression statements and calls, the demo cells, are left out.
     ``name`` is how messages call the notebook (the student's own name for it, already escaped).
     """
-    kept = [pair for source in code_cells(name, data) for pair in _kept(name, source)]
+    return from_code(name, code_cells(name, data))
+
+
+def from_code(name: str, sources: list[str]) -> dict[str, str]:
+    """``exercise_files`` of the notebook whose code cells are ``sources``."""
+    kept = [pair for source in sources for pair in _kept(name, source)]
     defined = {node.name for node, _ in kept if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     body = "\n\n".join(text for _, text in kept)
     return {exercise.filename: f'"""{exercise.module_name}: the imports and definitions of {name}."""\n'
@@ -44,8 +49,8 @@ def exercise_files(name: str, data: bytes) -> dict[str, str]:
             for exercise in EXERCISES if all(function in defined for _, function in exercise.functions)}
 
 
-def code_cells(name: str, data: bytes) -> list[str]:
-    """The source of each code cell, in order; NotebookError past ``MAX_CODE`` characters in all."""
+def code_cells(name: str, data: bytes, max_code: int = MAX_CODE) -> list[str]:
+    """The source of each code cell, in order; NotebookError past ``max_code`` characters in all."""
     try:
         notebook = json.loads(data)
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
@@ -60,9 +65,9 @@ def code_cells(name: str, data: bytes) -> list[str]:
             raise NotebookError(f"{name}: cell {number} is not a cell (a JSON object), it is a {type(cell).__name__}")
         if cell.get("cell_type") == "code":
             sources.append(_text(name, number, cell.get("source", "")))
-    if sum(map(len, sources)) > MAX_CODE:
-        raise NotebookError(f"{name}: its code cells hold more than {MAX_CODE // 1024} KB of text, more than "
-                            "the grader parses (put data in files, not in cells)")
+    if sum(map(len, sources)) > max_code:
+        raise NotebookError(f"{name}: not read, an upload's notebooks may hold {MAX_CODE // 1024} KB of code in "
+                            "all, the most the grader parses (put data in files, not in cells)")
     return sources
 
 
