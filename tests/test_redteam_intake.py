@@ -380,3 +380,19 @@ def test_many_notebooks_under_the_code_cap_each_are_not_all_parsed(tmp_path):
     assert taken.files == sorted(e.filename for e in course.EXERCISES)
     assert taken.notes[0] == "n000.ipynb: nothing taken, it does not define all the functions of any exercise"
     assert taken.notes[1].startswith("n001.ipynb: not read, an upload's notebooks may hold 256 KB of code in all")
+
+
+def test_a_notebook_of_five_million_empty_objects_is_not_read(tmp_path):
+    """15 MB of ``{}`` (under the 16 MB a notebook may have) took 450 MB as parsed JSON, as root."""
+    up = solutions_into(tmp_path / "up")
+    (up / "braces.ipynb").write_bytes(b'{"nbformat": 4, "cells": [], "metadata": {"x": [' + b"{}," * 5_000_000 + b"{}]}}")
+    tracemalloc.start()
+    try:
+        taken = intake.take(up, tmp_path / "copy")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
+    assert taken.notes == [f"braces.ipynb: not read, it opens more than {extract.MAX_CONTAINERS:,} JSON objects and "
+                           "arrays (a notebook's cells and outputs need far fewer); its exercises are not graded"]
+    assert taken.files == sorted(e.filename for e in course.EXERCISES)

@@ -18,6 +18,8 @@ MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
 # characters of code an upload's notebooks may hold, all cells together: the parser needs up to ~700 times
 # that in memory, and a second for 256 KB, in the grader's own process (the course's solutions are 27 KB)
 MAX_CODE = 256 * 1024
+# JSON objects and arrays a notebook may open: each costs ~80 bytes once read, in the grader's own process
+MAX_CONTAINERS = 500_000
 # a line as the parser numbers them: \r\n, \r and \n end one (str.splitlines also splits at \f, \x1c, ...)
 LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 # what a plain top-level constant may be built from: no calls, subscripts or comprehensions
@@ -51,6 +53,9 @@ def from_code(name: str, sources: list[str]) -> dict[str, str]:
 
 def code_cells(name: str, data: bytes, max_code: int = MAX_CODE) -> list[str]:
     """The source of each code cell, in order; NotebookError past ``max_code`` characters in all."""
+    if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:  # counted before JSON takes ~25 times the bytes
+        raise NotebookError(f"{name}: not read, it opens more than {MAX_CONTAINERS:,} JSON objects and arrays "
+                            "(a notebook's cells and outputs need far fewer)")
     try:
         notebook = json.loads(data)
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
