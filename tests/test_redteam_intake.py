@@ -339,6 +339,16 @@ def test_the_zipped_upload_leaves_nothing_behind(zipped):
 
 # ---- notebooks that cost the grader's own process time or memory (the intake runs as root, before any cap) ----
 
+def taken_in_memory(up: Path, dest: Path) -> tuple:
+    """The intake of ``up`` and the most memory it held at once, in bytes."""
+    tracemalloc.start()
+    try:
+        taken = intake.take(up, dest)
+        return taken, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.timeout(120)
 def test_a_notebook_of_20000_one_line_imports_is_taken_in_seconds(tmp_path):
     """Each definition's source was cut out by ast.get_source_segment, which splits the whole cell
@@ -355,12 +365,7 @@ def test_a_notebook_whose_code_would_take_gigabytes_to_parse_costs_only_its_exer
     """1 MB of ``x = (a, a, ...)`` is a million nodes: the parser took some 750 MB for it (16 MB: 12 GB)."""
     up = solutions_into(tmp_path / "up", skip={3})
     notebook(up / "tuple.ipynb", solution_source(3), "x = (" + "a, " * 350_000 + ")\n")
-    tracemalloc.start()
-    try:
-        taken = intake.take(up, tmp_path / "copy")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    taken, peak = taken_in_memory(up, tmp_path / "copy")
     assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
     assert taken.notes == [f"tuple.ipynb: not read, an upload's notebooks may hold {extract.MAX_CODE // 1024} KB of "
                            "code in all, the most the grader parses (put data in files, not in cells); its exercises "
@@ -386,12 +391,7 @@ def test_a_notebook_of_five_million_empty_objects_is_not_read(tmp_path):
     """15 MB of ``{}`` (under the 16 MB a notebook may have) took 450 MB as parsed JSON, as root."""
     up = solutions_into(tmp_path / "up")
     (up / "braces.ipynb").write_bytes(b'{"nbformat": 4, "cells": [], "metadata": {"x": [' + b"{}," * 5_000_000 + b"{}]}}")
-    tracemalloc.start()
-    try:
-        taken = intake.take(up, tmp_path / "copy")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    taken, peak = taken_in_memory(up, tmp_path / "copy")
     assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
     assert taken.notes == [f"braces.ipynb: not read, it opens more than {extract.MAX_CONTAINERS:,} JSON objects and "
                            "arrays (a notebook's cells and outputs need far fewer); its exercises are not graded"]
