@@ -276,11 +276,13 @@ def test_extract_reads_a_source_given_as_a_list_of_lines():
     assert list(files) == [EX[3].filename] and "    return a\n" in files[EX[3].filename]
 
 
-def test_a_notebook_whose_exercise_would_exceed_the_file_cap_gives_no_file(tmp_path):
+def test_a_notebook_with_more_code_than_the_cap_gives_no_file_and_says_so(tmp_path):
     up = tmp_path / "up"
     up.mkdir()
-    padding = "padding = '" + "x" * intake.MAX_FILE + "'\n"
+    padding = "padding = '" + "x" * extract.MAX_CODE + "'\n"
     notebook(up / "huge.ipynb", "def merge_softmax_blocks(a, b):\n    return a\n", padding)
     taken = intake.take(up, tmp_path / "copy")
-    assert taken.files == [] and taken.notes == [f"huge.ipynb: {EX[3].filename} not graded, its definitions are "
-                                                 "larger than 2 MB"]
+    assert taken.files == [] and taken.notes == ["huge.ipynb: not read, an upload's notebooks may hold 256 KB of code "
+                                                 "in all, the most the grader parses (put data in files, not in "
+                                                 "cells); its exercises are not graded"]
+    assert 4 * extract.MAX_CODE < intake.MAX_FILE  # so a notebook's exercise file is never over the file cap

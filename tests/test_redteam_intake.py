@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from ag import course
-from ag.course import batch
+from ag.course import batch, extract, intake
 
 from test_redteam import hidden_lines, strings_in  # tests/ is on sys.path under pytest
 
@@ -334,3 +335,64 @@ def test_a_link_through_the_graders_cwd_and_a_hard_link_score_zero(zipped):
 
 def test_the_zipped_upload_leaves_nothing_behind(zipped):
     assert leftovers(zipped) == []
+
+
+# ---- notebooks that cost the grader's own process time or memory (the intake runs as root, before any cap) ----
+
+def taken_in_memory(up: Path, dest: Path) -> tuple:
+    """The intake of ``up`` and the most memory it held at once, in bytes."""
+    tracemalloc.start()
+    try:
+        taken = intake.take(up, dest)
+        return taken, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_notebook_of_20000_one_line_imports_is_taken_in_seconds(tmp_path):
+    """Each definition's source was cut out by ast.get_source_segment, which splits the whole cell
+    at every call: 5,000 one-line imports (50 KB) held the grader a minute and a half, outside any limit."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "imports.ipynb", "import os\n" * 20_000 + solution_source(3))
+    started = time.monotonic()
+    taken = intake.take(up, tmp_path / "copy")
+    assert time.monotonic() - started < 20
+    assert taken.files == sorted(e.filename for e in course.EXERCISES) and taken.notes == []
+
+
+def test_a_notebook_whose_code_would_take_gigabytes_to_parse_costs_only_its_exercises(tmp_path):
+    """1 MB of ``x = (a, a, ...)`` is a million nodes: the parser took some 750 MB for it (16 MB: 12 GB)."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "tuple.ipynb", solution_source(3), "x = (" + "a, " * 350_000 + ")\n")
+    taken, peak = taken_in_memory(up, tmp_path / "copy")
+    assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
+    assert taken.notes == [f"tuple.ipynb: not read, an upload's notebooks may hold {extract.MAX_CODE // 1024} KB of "
+                           "code in all, the most the grader parses (put data in files, not in cells); its exercises "
+                           "are not graded"]
+    assert EX[3].filename not in taken.files and len(taken.files) == len(course.EXERCISES) - 1
+
+
+def test_many_notebooks_under_the_code_cap_each_are_not_all_parsed(tmp_path):
+    """The cap is the upload's, not each notebook's: 30 notebooks of 200 KB of code each took half a minute."""
+    up = solutions_into(tmp_path / "up", skip={3})
+    notebook(up / "a_ex3.ipynb", solution_source(3))
+    for i in range(30):
+        notebook(up / f"n{i:03}.ipynb", "x = (" + "a, " * 70_000 + ")\n")
+    started = time.monotonic()
+    taken = intake.take(up, tmp_path / "copy")
+    assert time.monotonic() - started < 10
+    assert taken.files == sorted(e.filename for e in course.EXERCISES)
+    assert taken.notes[0] == "n000.ipynb: nothing taken, it does not define all the functions of any exercise"
+    assert taken.notes[1].startswith("n001.ipynb: not read, an upload's notebooks may hold 256 KB of code in all")
+
+
+def test_a_notebook_of_five_million_empty_objects_is_not_read(tmp_path):
+    """15 MB of ``{}`` (under the 16 MB a notebook may have) took 450 MB as parsed JSON, as root."""
+    up = solutions_into(tmp_path / "up")
+    (up / "braces.ipynb").write_bytes(b'{"nbformat": 4, "cells": [], "metadata": {"x": [' + b"{}," * 5_000_000 + b"{}]}}")
+    taken, peak = taken_in_memory(up, tmp_path / "copy")
+    assert peak < 64 << 20, f"the intake held {peak:,} bytes at its peak: it parsed the notebook"
+    assert taken.notes == [f"braces.ipynb: not read, it opens more than {extract.MAX_CONTAINERS:,} JSON objects and "
+                           "arrays (a notebook's cells and outputs need far fewer); its exercises are not graded"]
+    assert taken.files == sorted(e.filename for e in course.EXERCISES)

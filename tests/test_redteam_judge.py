@@ -227,6 +227,39 @@ def test_names_that_are_formulas_or_terminal_escapes_reach_the_gradebook_and_the
     assert scores_problems(json.loads((tmp_path / "mallory.json").read_text()), {3}) == []
 
 
+# ---- names and messages that no UTF-8 writer takes, names too long for a results file ----
+
+UNDECODABLE = os.fsdecode(b"bob\xff")  # a folder name whose bytes are not UTF-8: Python holds a lone surrogate
+LONG, TOO_LONG = "c" * 250, "d" * 253  # with ".json": 255 bytes, the most a name may have; 258
+SURROGATE_RAISE = 'def merge_softmax_blocks(a, b):\n    raise ValueError("no UTF-8 holds this: \\ud800")\n'
+
+
+@pytest.mark.slow
+def test_undecodable_and_long_names_and_a_lone_surrogate_in_a_message_cost_no_one_else_their_grade(tmp_path):
+    """Before: a lone surrogate stopped the gradebook's writer (no gradebook for anyone), a name too long for a
+    temporary file beside its results stopped the class, and a message holding one stopped ``ag grade`` before
+    it wrote results.json."""
+    klass = tmp_path / "class"
+    for name in (LONG, UNDECODABLE, TOO_LONG):
+        student(klass / name)
+    mallory = student(tmp_path / "mallory")
+    with open(mallory / EXERCISES[3].filename, "a") as f:
+        f.write("\n\n" + SURROGATE_RAISE)
+    book, results = tmp_path / "book.csv", tmp_path / "results"
+    result = run_ag("grade", klass, "--csv", book, "--json-dir", results, "--jobs", 2, "--timeout", TIMEOUT)
+    single = run_ag("grade", mallory, "--json", tmp_path / "mallory.json", "--timeout", TIMEOUT)
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    rows = read_csv(book)
+    for name in (LONG, "bob\\udcff"):
+        assert rows[name]["total"] == rows[name]["max_total"] != "", (name, rows[name])
+    assert rows[TOO_LONG]["total"] == "" and "File name too long" in rows[TOO_LONG]["error"]
+    assert f"not graded: {TOO_LONG}: results not written" in result.stderr
+    assert (results / f"{LONG}.json").exists() and (results / f"{UNDECODABLE}.json").exists()
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert "no UTF-8 holds this: \\ud800" in single.stdout
+    assert scores_problems(json.loads((tmp_path / "mallory.json").read_text()), {3}) == []
+
+
 # ---- hole 7: a student who sleeps past the timeout in every test ----
 
 def sleepy(folder: Path, seconds: float) -> Path:

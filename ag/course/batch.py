@@ -21,7 +21,7 @@ from pathlib import Path
 from .escape import for_csv
 from .exercises import EXERCISES
 from .grade import Judge, Report
-from .writing import UnsafeTarget, check_target, write_new
+from .writing import check_target, write_new
 
 MAX_ERROR_LINE = 300  # characters of why a student was not graded, in the gradebook
 
@@ -133,13 +133,14 @@ def write_gradebook(path: Path | str, reports: dict[str, Report], notes: dict[st
 
 def _write_json(path: Path, report: Report) -> Report:
     """Write the student's results.json; the report, or a report not graded if the file was refused.
-    A student not graded gets no results file (and loses a stale one from an earlier run)."""
+    A student not graded gets no results file (and loses a stale one from an earlier run). A file that
+    cannot be written (a link in its way, a folder name too long for one) costs that student only."""
     try:
         if report.graded:
             write_new(path, json.dumps(report.gradescope(), indent=2))
         elif check_target(path).exists():
             path.unlink()
-    except UnsafeTarget as error:
+    except OSError as error:  # UnsafeTarget included
         return Report(error=_one_line(f"results not written: {error}"))
     return report
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 controls, DEL, and the Unicode marks that reorder or hide text (bidi, zero width)
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# C0 and C1 controls, DEL, the Unicode marks that reorder or hide text (bidi, zero width), and lone
+# surrogates (a file name's undecodable bytes): no UTF-8 stream or file can write one, so it would stop the writer
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 import ast
 import json
 import re
-from types import SimpleNamespace
 
 from .exercises import EXERCISES
 
 # IPython lines that are not Python: %magic, !shell, ?help, help?, x = !shell, x = %magic
 MAGIC = re.compile(r"^\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\s]+=\s*[%!])")
+# characters of code an upload's notebooks may hold, all cells together: the parser needs up to ~700 times
+# that in memory, and a second for 256 KB, in the grader's own process (the course's solutions are 27 KB)
+MAX_CODE = 256 * 1024
+# JSON objects and arrays a notebook may open: each costs ~80 bytes once read, in the grader's own process
+MAX_CONTAINERS = 500_000
+# a line as the parser numbers them: \r\n, \r and \n end one (str.splitlines also splits at \f, \x1c, ...)
+LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 # what a plain top-level constant may be built from: no calls, subscripts or comprehensions
 CONSTANT_NODES = (ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.BinOp, ast.UnaryOp, ast.operator,
                   ast.unaryop, ast.Tuple, ast.List, ast.Set, ast.Dict)
@@ -32,16 +38,24 @@ def exercise_files(name: str, data: bytes) -> dict[str, str]:
     constants) in cell order; expression statements and calls, the demo cells, are left out.
     ``name`` is how messages call the notebook (the student's own name for it, already escaped).
     """
-    nodes = [(python, node) for source in code_cells(name, data) for python, node in _kept(name, source)]
-    defined = {node.name for _, node in nodes if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    body = "\n\n".join(_segment(source, node) for source, node in nodes)
+    return from_code(name, code_cells(name, data))
+
+
+def from_code(name: str, sources: list[str]) -> dict[str, str]:
+    """``exercise_files`` of the notebook whose code cells are ``sources``."""
+    kept = [pair for source in sources for pair in _kept(name, source)]
+    defined = {node.name for node, _ in kept if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    body = "\n\n".join(text for _, text in kept)
     return {exercise.filename: f'"""{exercise.module_name}: the imports and definitions of {name}."""\n'
                                f"from __future__ import annotations\n\n{body}\n"
             for exercise in EXERCISES if all(function in defined for _, function in exercise.functions)}
 
 
-def code_cells(name: str, data: bytes) -> list[str]:
-    """The source of each code cell, in order."""
+def code_cells(name: str, data: bytes, max_code: int = MAX_CODE) -> list[str]:
+    """The source of each code cell, in order; NotebookError past ``max_code`` characters in all."""
+    if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:  # counted before JSON takes ~25 times the bytes
+        raise NotebookError(f"{name}: not read, it opens more than {MAX_CONTAINERS:,} JSON objects and arrays "
+                            "(a notebook's cells and outputs need far fewer)")
     try:
         notebook = json.loads(data)
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
@@ -56,6 +70,9 @@ def code_cells(name: str, data: bytes) -> list[str]:
             raise NotebookError(f"{name}: cell {number} is not a cell (a JSON object), it is a {type(cell).__name__}")
         if cell.get("cell_type") == "code":
             sources.append(_text(name, number, cell.get("source", "")))
+    if sum(map(len, sources)) > max_code:
+        raise NotebookError(f"{name}: not read, an upload's notebooks may hold {MAX_CODE // 1024} KB of code in "
+                            "all, the most the grader parses (put data in files, not in cells)")
     return sources
 
 
@@ -68,13 +85,14 @@ def _text(name: str, number: int, source) -> str:
     raise NotebookError(f"{name}: code cell {number}'s source is not text (a string or a list of strings)")
 
 
-def _kept(name: str, source: str) -> list[tuple[str, ast.stmt]]:
+def _kept(name: str, source: str) -> list[tuple[ast.stmt, str]]:
     """The top-level imports, definitions and constant assignments of one code cell, each with
-    the Python source it was parsed from."""
+    its source text."""
     if source.lstrip().startswith("%%"):
         return []  # a cell magic (%%timeit, %%bash, ...): its body is not Python
     python, tree = _parse(name, source)
-    return [(python, node) for node in tree.body if _is_definition(node)]
+    lines = LINE.findall(python)  # once a cell: ast.get_source_segment splits them at every call
+    return [(node, _segment(lines, node)) for node in tree.body if _is_definition(node)]
 
 
 def _parse(name: str, source: str) -> tuple[str, ast.Module]:
@@ -118,10 +136,12 @@ def _is_definition(node: ast.stmt) -> bool:
     return False
 
 
-def _segment(source: str, node: ast.stmt) -> str:
-    """The node's source text, its decorators included."""
+def _segment(lines: list[str], node: ast.stmt) -> str:
+    """The node's source text, its decorators included (``ast.get_source_segment`` on the cell's
+    ``lines``; the parser's columns count UTF-8 bytes)."""
     decorators = getattr(node, "decorator_list", None)
     first, col = (decorators[0], 0) if decorators else (node, node.col_offset)  # from the '@' on
-    span = SimpleNamespace(lineno=first.lineno, col_offset=col, end_lineno=node.end_lineno,
-                           end_col_offset=node.end_col_offset)
-    return ast.get_source_segment(source, span)
+    chunk = [line.encode() for line in lines[first.lineno - 1:node.end_lineno]]
+    chunk[-1] = chunk[-1][:node.end_col_offset]
+    chunk[0] = chunk[0][col:]
+    return b"".join(chunk).decode()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .exercises import EXERCISES
-from .extract import NotebookError, exercise_files
+from .extract import MAX_CODE, NotebookError, code_cells, from_code
 
 EXERCISE_FILES = frozenset(e.filename for e in EXERCISES)
 MAX_FILE = 2 * 2**20  # an exercise file
@@ -203,20 +203,20 @@ def _read_capped(fd: int, cap: int, deadline: float) -> bytes:
 def _write(dest: Path, found: dict[str, bytes], notes: list[str]) -> list[str]:
     """Write the exercise files, then each notebook's exercises that no file gave yet."""
     files = {name: data for name, data in found.items() if name in EXERCISE_FILES}
+    code_left = MAX_CODE  # for all notebooks together: parsing is the costliest step of the intake
     for name, data in found.items():
         if name in EXERCISE_FILES:
             continue
         try:
-            extracted = exercise_files(shown(name), data)
+            cells = code_cells(shown(name), data, code_left)
+            extracted = from_code(shown(name), cells)
         except NotebookError as error:
             notes.append(f"{error}; its exercises are not graded")
             continue
+        code_left -= sum(map(len, cells))
         if not extracted:
             notes.append(f"{shown(name)}: nothing taken, it does not define all the functions of any exercise")
-        for filename, source in extracted.items():
-            if len(source.encode()) > MAX_FILE:  # the worker takes no larger exercise file
-                notes.append(f"{shown(name)}: {filename} not graded, its definitions are larger than {_mb(MAX_FILE)}")
-                continue
+        for filename, source in extracted.items():  # each under MAX_FILE: a notebook holds at most MAX_CODE
             files.setdefault(filename, source.encode())
     for filename, data in files.items():
         (dest / filename).write_bytes(data)

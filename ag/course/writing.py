@@ -34,7 +34,8 @@ def check_target(path: Path | str) -> Path:
 def write_new(path: Path | str, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (a temporary file renamed into place), mode 0644."""
     path = check_target(path)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # O_EXCL: a fresh file of ours
+    # O_EXCL: a fresh file of ours; its name clipped, so that any name that fits fits its temporary file too
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
             out.write(text)
