@@ -93,6 +93,7 @@ def test_optimal_recomputes_as_little_as_brute_force_and_scales_past_it(worker):
     full = remat.predict(profile, range(8)).peak_bytes
     budgets = [int(b) for b in np.linspace(full * 0.6, full, 5)]
     plans = worker(optimal_plans, list(profile.sizes), list(profile.costs), budgets)
+    expect_equal(len(plans), len(budgets), what="the number of plans, one for each budget")
     for budget, plan in zip(budgets, plans):
         best = brute_force(profile, budget)
         if best is None:
@@ -109,6 +110,7 @@ def test_the_optimal_plan_fits_its_budget_on_short_and_long_chains(worker):
     profile = remat.as_profile([4, 1, 1, 4, 1, 1, 4, 1, 2, 2])
     budgets = [13, 16, 20]
     plans = worker(optimal_plans, list(profile.sizes), list(profile.costs), budgets)
+    expect_equal(len(plans), len(budgets), what="the number of plans, one for each budget")
     for budget, plan in zip(budgets, plans):
         expect_true(valid_plan(plan, 10), f"**plan at budget {budget}**: expected a sorted list of kept "
                                           f"outputs in 0..9, got {code(repr(plan))}")
