@@ -286,3 +286,14 @@ def test_a_notebook_with_more_code_than_the_cap_gives_no_file_and_says_so(tmp_pa
                                                  "in all, the most the grader parses (put data in files, not in "
                                                  "cells); its exercises are not graded"]
     assert 4 * extract.MAX_CODE < intake.MAX_FILE  # so a notebook's exercise file is never over the file cap
+
+
+def test_a_notebook_named_to_close_a_docstring_adds_no_code_to_its_exercise_file(tmp_path):
+    up = tmp_path / "up"
+    up.mkdir()
+    name = 'x"""\nimport os; os.system("touch pwned")\n""".ipynb'
+    notebook(up / name, "def merge_softmax_blocks(a, b):\n    return 'a'\n")
+    taken = intake.take(up, tmp_path / "copy")
+    source = (taken.folder / EX[3].filename).read_text()
+    module = compile(source, EX[3].filename, "exec")
+    assert "system" not in module.co_names

@@ -46,7 +46,8 @@ def from_code(name: str, sources: list[str]) -> dict[str, str]:
     kept = [pair for source in sources for pair in _kept(name, source)]
     defined = {node.name for node, _ in kept if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     body = "\n\n".join(text for _, text in kept)
-    return {exercise.filename: f'"""{exercise.module_name}: the imports and definitions of {name}."""\n'
+    # the notebook's name goes in as ascii() in a comment: a name is never code
+    return {exercise.filename: f"# {exercise.module_name}: the imports and definitions of {ascii(name)}\n"
                                f"from __future__ import annotations\n\n{body}\n"
             for exercise in EXERCISES if all(function in defined for _, function in exercise.functions)}
 
