@@ -280,3 +280,14 @@ def test_ag_grade_on_a_class_folder_writes_the_gradebook_and_results(tmp_path):
     assert rows["alice"]["total"] == rows["alice"]["max_total"] == rows["alice"][EX3.module_name] != "0"
     assert rows["bob"]["total"] == "0"
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["alice.json", "bob.json"]
+
+
+def test_hidden_folders_and_the_results_folder_are_no_students_and_the_ta_is_told(tmp_path, capsys):
+    for name in ("alice", "bob", ".git", "__MACOSX", "results", ".\x1b[2Jeve"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "notes.txt").write_text("not a student")
+    students = batch.student_folders(tmp_path, results=tmp_path / "results")
+    assert list(students) == ["alice", "bob"]
+    err = capsys.readouterr().err
+    assert all(f"{name} left out" in err for name in (".git", "__MACOSX", "results", ".\\x1b[2Jeve"))
+    assert "\x1b" not in err

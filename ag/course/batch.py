@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from .escape import for_csv
+from .escape import for_csv, for_terminal
 from .exercises import EXERCISES
 from .grade import Judge, Report
 from .writing import check_target, write_new
@@ -36,7 +36,7 @@ def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: in
     fails gets a Report with ``error`` set: no points and "not graded: why" in the gradebook, no
     results file; the others are graded all the same. A link where a result file goes is refused.
     """
-    students = student_folders(folder)
+    students = student_folders(folder, results=json_dir)
     if csv_path is not None:
         check_target(csv_path)
     if json_dir is not None:
@@ -58,12 +58,22 @@ def grade_class(folder: Path | str, tests: Path | str | None = None, *, jobs: in
     return reports
 
 
-def student_folders(folder: Path | str) -> dict[str, Path]:
-    """The students of a class folder, by name, sorted: its subfolders, hidden ones left out."""
+def student_folders(folder: Path | str, results: Path | str | None = None) -> dict[str, Path]:
+    """The students of a class folder, by name, sorted: its subfolders, but for hidden ones (".", "__")
+    and the ``results`` folder, each left out with a line on stderr saying so."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NotADirectoryError(f"grade_class: {folder} is not a folder")
-    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith((".", "__"))}
+    results = Path(results).resolve() if results is not None else None
+    students = {}
+    for p in sorted(folder.iterdir()):
+        if not p.is_dir():
+            continue
+        if p.name.startswith((".", "__")) or p.resolve() == results:
+            print(f"grade: {for_terminal(p.name)} left out: a hidden folder or the results' folder", file=sys.stderr)
+        else:
+            students[p.name] = p
+    return students
 
 
 def _graded(students: dict[str, Path], tests, jobs: int, timeout: float, hide: list[Path],
