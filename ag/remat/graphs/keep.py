@@ -8,10 +8,16 @@ segment. The first backward step that reads a value of a segment that is gone re
 segment: it recomputes every value of it that a step from then on reads (from the nearest
 resident ancestors, leaves at worst) and keeps each while a later step still reads it. One
 replay per segment, as ``sequential``'s segment mode and NeMo's recomputation do.
+
+``keep_costly(graph, budget)``: dominance as a plan. An op that costs no FLOPs (relu, add, a
+view) is remade for free from its inputs, so keep only what costs FLOPs to remake, and let
+``complete`` remake the free ops in every stage that reads them.
 """
 from __future__ import annotations
 
 import numpy as np
+
+import time
 
 from .graph import Graph
 from .model import prune
@@ -104,3 +110,37 @@ def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
             keep_next |= {i for i in resident if max(graph.users[i], default=-1) > t}
         resident = graph.with_bases(i for i in resident if i in keep_next)
     return Schedule(graph, *prune(graph, R, S), planner)
+
+
+def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
+    """Keep K = {v : flops_v > 0} from its computation on and remake the free ops (``complete``).
+    While the peak exceeds ``budget``, drop from K the node resident at the peak's stage that
+    frees the most bytes a FLOP (max size_v / flops_v); then put back each dropped node, costliest
+    first, whose return still fits. May not fit: the caller checks; stops at ``deadline``."""
+    kept = {v for v, node in enumerate(graph.nodes) if node.flops > 0}
+    best = _keeping(graph, kept)
+    while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
+        t = best.prediction.peak_stage
+        at_peak = [v for v in kept if best.S[t, v] or best.R[t, v]]
+        if not at_peak:
+            return best  # what overflows is not kept: no drop helps
+        kept.discard(max(at_peak, key=lambda v: (graph.nodes[v].size / graph.nodes[v].flops, -v)))
+        best = _keeping(graph, kept)
+    if best.predicted_peak_bytes > budget:
+        return best
+    for v in sorted(set(range(graph.n)) - kept, key=lambda v: -graph.nodes[v].flops):
+        if graph.nodes[v].flops == 0 or time.perf_counter() > deadline:
+            break
+        trial = _keeping(graph, kept | {v})
+        if trial.predicted_peak_bytes <= budget and trial.recompute_flops < best.recompute_flops:
+            kept.add(v)
+            best = trial
+    return best
+
+
+def _keeping(graph: Graph, kept: set[int]) -> Schedule:
+    """``complete``'s schedule keeping each node of ``kept`` from its computation to the end."""
+    S = np.zeros((graph.stages, graph.n), dtype=bool)
+    for v in kept:
+        S[v + 1:, v] = True
+    return complete(graph, S, "keep costly")
