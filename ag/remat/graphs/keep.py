@@ -114,33 +114,32 @@ def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
 
 def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
     """Keep K = {v : flops_v > 0} from its computation on and remake the free ops (``complete``).
-    While the peak exceeds ``budget``, drop from K the node resident at the peak's stage that
-    frees the most bytes a FLOP (max size_v / flops_v); then put back each dropped node, costliest
-    first, whose return still fits. May not fit: the caller checks; stops at ``deadline``."""
-    kept = {v for v, node in enumerate(graph.nodes) if node.flops > 0}
-    best = _keeping(graph, kept)
+    While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
+    bytes a FLOP (max size_v / flops_v): if t does not use v, keep v out of stages t .. u, u its
+    next use (remade there, kept again after); if every kept v is used at t, drop the one whose
+    computation is resident at t for good. May not fit: the caller checks; stops at ``deadline``."""
+    wanted = np.zeros((graph.stages, graph.n), dtype=bool)
+    for v, node in enumerate(graph.nodes):
+        wanted[v + 1:, v] = node.flops > 0
+    best = complete(graph, wanted, "keep costly")
     while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
         t = best.prediction.peak_stage
-        at_peak = [v for v in kept if best.S[t, v] or best.R[t, v]]
-        if not at_peak:
+        costly = [v for v in np.flatnonzero(wanted[t]).tolist() if best.S[t, v] or best.R[t, v]]
+        unused = [v for v in costly if best.S[t, v] and not _used(graph, best, t, v)]
+        if not costly:
             return best  # what overflows is not kept: no drop helps
-        kept.discard(max(at_peak, key=lambda v: (graph.nodes[v].size / graph.nodes[v].flops, -v)))
-        best = _keeping(graph, kept)
-    if best.predicted_peak_bytes > budget:
-        return best
-    for v in sorted(set(range(graph.n)) - kept, key=lambda v: -graph.nodes[v].flops):
-        if graph.nodes[v].flops == 0 or time.perf_counter() > deadline:
-            break
-        trial = _keeping(graph, kept | {v})
-        if trial.predicted_peak_bytes <= budget and trial.recompute_flops < best.recompute_flops:
-            kept.add(v)
-            best = trial
+        v = max(unused or costly, key=lambda v: (graph.nodes[v].size / graph.nodes[v].flops, -v))
+        if unused:
+            u = next((u for u in range(t + 1, graph.stages) if _used(graph, best, u, v)), graph.stages)
+            wanted[t:u + 1, v] = False
+        else:
+            wanted[:, v] = False
+        best = complete(graph, wanted, "keep costly")
     return best
 
 
-def _keeping(graph: Graph, kept: set[int]) -> Schedule:
-    """``complete``'s schedule keeping each node of ``kept`` from its computation to the end."""
-    S = np.zeros((graph.stages, graph.n), dtype=bool)
-    for v in kept:
-        S[v + 1:, v] = True
-    return complete(graph, S, "keep costly")
+def _used(graph: Graph, schedule: Schedule, t: int, v: int) -> bool:
+    """Does stage t of ``schedule`` read v (a computation's input, its backward step's read)?"""
+    reads = graph.steps[t - graph.n].reads if t >= graph.n else ()
+    computed = np.flatnonzero(schedule.R[t]).tolist()
+    return v in graph.with_bases(reads) or any(v in graph.with_bases(graph.nodes[k].deps) for k in computed)
