@@ -13,6 +13,7 @@ import pytest
 from ag import remat
 from ag.remat import examples
 from ag.remat.graphs.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
+from ag.remat.graphs.keep import keep_costly
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -82,11 +83,17 @@ def test_every_heuristic_schedule_is_an_assignment_of_the_interval_variables_at_
             assert solver.objective_value == schedule.recompute_flops
 
 
-def test_a_node_computed_three_times_makes_two_intervals_strictly_worse_than_three(small):
+def no_keep_costly(*args):
+    raise ValueError("this test's warm starts leave keep_costly out")
+
+
+def test_a_node_computed_three_times_makes_two_intervals_strictly_worse_than_three(small, monkeypatch):
     """On the residual MLP halfway up, the optimum recomputes relu and add outputs (free) twice
-    each; with two intervals a node is recomputed once at most, and a matmul must be redone."""
+    each; with two intervals a node is recomputed once at most, and a matmul must be redone
+    (keep_costly, which finds the optimum as a warm start, is left out)."""
     graph = small["residual MLP"][0]
     budget = budgets(graph)[2]
+    monkeypatch.setattr(sys.modules["ag.remat.graphs.checkmate"], "keep_costly", no_keep_costly)
     two, three = (remat.moccasin(graph, budget, intervals=c, time_limit=30) for c in (2, 3))
     assert two.proved_within_intervals and two.status == "feasible" and two.recompute_flops > 0
     assert three.status == "optimal" and three.recompute_flops == 0  # 0: no schedule does better
@@ -168,17 +175,59 @@ def test_a_warm_start_that_meets_the_bound_is_proved_optimal_without_a_search(bi
 
 # ---- schedules that run ----
 
-@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer"])
-def test_execute_of_a_moccasin_schedule_peaks_within_5_percent_and_its_gradients_are_bit_identical(small, name):
-    graph, leaves, expected = small[name]
-    found = remat.moccasin(graph, budgets(graph)[1], time_limit=5)
-    assert found.recompute_flops > 0
+def assert_runs_as_predicted(found, leaves, expected) -> None:
+    """``execute`` peaks within 5% of the prediction, recomputes what it said, and the grads are bit-identical."""
     for t in leaves:
         t.grad = None
     result = remat.execute(found)
     assert abs(result.peak_bytes - found.predicted_peak_bytes) <= 0.05 * found.predicted_peak_bytes
     assert result.recompute_flops == found.recompute_flops
     assert all(np.array_equal(t.grad, g) for t, g in zip(leaves, expected))
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net", "transformer"])
+def test_execute_of_a_moccasin_schedule_peaks_within_5_percent_and_its_gradients_are_bit_identical(small, name):
+    graph, leaves, expected = small[name]
+    found = remat.moccasin(graph, budgets(graph)[1], time_limit=5)
+    assert found.recompute_flops > 0
+    assert_runs_as_predicted(found, leaves, expected)
+
+
+@pytest.mark.parametrize("name", ["residual MLP", "U-Net"])
+def test_execute_of_keep_costly_peaks_within_5_percent_and_its_gradients_are_bit_identical(small, name):
+    graph, leaves, expected = small[name]
+    found = keep_costly(graph, budgets(graph)[1])
+    assert found.predicted_peak_bytes <= budgets(graph)[1] and len(found.recomputed()) > 0
+    assert_runs_as_predicted(found, leaves, expected)
+
+
+def test_keep_costly_keeps_every_op_that_costs_flops_and_remakes_free_ops_below_the_no_remat_peak(small):
+    graph = small["residual MLP"][0]
+    budget = budgets(graph)[2]
+    found = keep_costly(graph, budget)
+    assert found.recompute_flops == 0 and found.predicted_peak_bytes <= budget
+    assert found.predicted_peak_bytes < remat.chain_schedule(graph, "keep all").predicted_peak_bytes
+    assert found.recomputed() and all(graph.nodes[v].flops == 0 for v in found.recomputed())
+
+
+def test_keep_costly_drops_the_costly_values_a_tighter_budget_needs_and_fits_it(small):
+    graph = small["U-Net"][0]
+    costs = []
+    for budget in budgets(graph)[1:]:
+        found = keep_costly(graph, budget)
+        assert found.predicted_peak_bytes <= budget
+        assert any(graph.nodes[v].flops > 0 for v in found.recomputed()) == (found.recompute_flops > 0)
+        costs.append(found.recompute_flops)
+    assert costs[0] > 0 and costs[-1] == 0
+
+
+def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):
+    """The MLP's optimum halfway up remakes free ops more than twice: CP-SAT's 2-interval model
+    cannot state it, the warm start can, and the covering bound (0) proves it."""
+    graph = small["residual MLP"][0]
+    found = remat.moccasin(graph, budgets(graph)[2], intervals=2, time_limit=30)
+    assert found.status == "optimal" and found.recompute_flops == 0 and found.found_by == "warm start (keep costly)"
+    assert found.R.sum(axis=0).max() > 2
 
 
 def test_dtr_replayed_without_computing_is_a_schedule_that_fits_where_dtr_did(small):

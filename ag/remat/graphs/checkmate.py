@@ -47,7 +47,7 @@ import numpy as np
 from .dtr import GraphDTR
 from .graph import Graph
 from .chain_plans import chain_schedule
-from .keep import complete
+from .keep import complete, keep_costly
 from .nemo import nemo
 from .model import Memory, ScheduleError, prune
 from .schedule import Schedule, cheapest_within
@@ -226,13 +226,18 @@ def _best_known(graph: Graph, found: list, budget: int, seconds: float,
 
 
 def warm_starts(graph: Graph, budget: int, deadline: float = float("inf"),
-                enough: float = float("inf")) -> list[Schedule]:
+                enough: float = float("inf"), remake_free: bool = False) -> list[Schedule]:
     """The heuristic schedules that fit ``budget``, cheapest first: the fixed plans, DTR's evictions
-    at a few budgets and, on a chain, the greedy and dynamic-programming chain plans. Makes none
-    after ``enough`` once one fits, and none after ``deadline``; a DTR run in progress is cut there.
-    No remat first (it settles loose budgets), then DTR at the budget (it fits at most budgets)."""
+    at a few budgets, on a chain the greedy and dynamic-programming chain plans and, if
+    ``remake_free``, ``keep_costly``. Makes none after ``enough`` once one fits, and none after
+    ``deadline``; a DTR run in progress is cut there. No remat first (it settles loose budgets), then
+    keep_costly (it settles middle ones, in a quarter of the time left), then DTR at the budget."""
     dtr = [lambda until, f=f: dtr_schedule(graph, int(f * budget), deadline=until) for f in (1.0, 0.9, 0.8)]
-    makers = [lambda _: chain_schedule(graph, "keep all"), dtr[0], lambda _: chain_schedule(graph, "keep none"),
+
+    def costly(until: float) -> Schedule:  # a quarter of the time left: at tight budgets it may not fit
+        return keep_costly(graph, budget, time.perf_counter() + (until - time.perf_counter()) / 4)
+    makers = [lambda _: chain_schedule(graph, "keep all"), *([costly] if remake_free else []), dtr[0],
+              lambda _: chain_schedule(graph, "keep none"),
               lambda _: chain_schedule(graph, "sqrt"), lambda _: nemo(graph, "selective"),
               lambda _: nemo(graph, "full"), *dtr[1:]]
     if all(node.deps in ((), (node.index - 1,)) for node in graph.nodes):

@@ -8,10 +8,16 @@ segment. The first backward step that reads a value of a segment that is gone re
 segment: it recomputes every value of it that a step from then on reads (from the nearest
 resident ancestors, leaves at worst) and keeps each while a later step still reads it. One
 replay per segment, as ``sequential``'s segment mode and NeMo's recomputation do.
+
+``keep_costly(graph, budget)``: dominance as a plan. An op that costs no FLOPs (relu, add, a
+view) is remade for free from its inputs, so keep only what costs FLOPs to remake, and let
+``complete`` remake the free ops in every stage that reads them.
 """
 from __future__ import annotations
 
 import numpy as np
+
+import time
 
 from .graph import Graph
 from .model import prune
@@ -104,3 +110,36 @@ def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
             keep_next |= {i for i in resident if max(graph.users[i], default=-1) > t}
         resident = graph.with_bases(i for i in resident if i in keep_next)
     return Schedule(graph, *prune(graph, R, S), planner)
+
+
+def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
+    """Keep K = {v : flops_v > 0} from its computation on and remake the free ops (``complete``).
+    While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
+    bytes a FLOP (max size_v / flops_v): if t does not use v, keep v out of stages t .. u, u its
+    next use (remade there, kept again after); if every kept v is used at t, drop the one whose
+    computation is resident at t for good. May not fit: the caller checks; stops at ``deadline``."""
+    wanted = np.zeros((graph.stages, graph.n), dtype=bool)
+    for v, node in enumerate(graph.nodes):
+        wanted[v + 1:, v] = node.flops > 0
+    best = complete(graph, wanted, "keep costly")
+    while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
+        t = best.prediction.peak_stage
+        costly = [v for v in np.flatnonzero(wanted[t]).tolist() if best.S[t, v] or best.R[t, v]]
+        unused = [v for v in costly if best.S[t, v] and not _used(graph, best, t, v)]
+        if not costly:
+            return best  # what overflows is not kept: no drop helps
+        v = max(unused or costly, key=lambda v: (graph.nodes[v].size / graph.nodes[v].flops, -v))
+        if unused:
+            u = next((u for u in range(t + 1, graph.stages) if _used(graph, best, u, v)), graph.stages)
+            wanted[t:u + 1, v] = False
+        else:
+            wanted[:, v] = False
+        best = complete(graph, wanted, "keep costly")
+    return best
+
+
+def _used(graph: Graph, schedule: Schedule, t: int, v: int) -> bool:
+    """Does stage t of ``schedule`` read v (a computation's input, its backward step's read)?"""
+    reads = graph.steps[t - graph.n].reads if t >= graph.n else ()
+    computed = np.flatnonzero(schedule.R[t]).tolist()
+    return v in graph.with_bases(reads) or any(v in graph.with_bases(graph.nodes[k].deps) for k in computed)

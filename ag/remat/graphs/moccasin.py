@@ -62,7 +62,8 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     cp_model = _cp_model()
     budget = _checked(graph, budget_bytes, intervals, time_limit)
     deadline = start + time_limit
-    warm = warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit)
+    # keep_costly: its free ops remade more than C times, a schedule C intervals cannot state
+    warm = warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit, remake_free=True)
     cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
     solve_by = deadline - read_back_seconds(graph, warm, time_limit)
     found, interval_bound, proved, infeasible = None, None, False, False
