@@ -13,7 +13,7 @@ import pytest
 from ag import remat
 from ag.remat import examples
 from ag.remat.graphs.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
-from ag.remat.graphs.keep import keep_costly
+from ag.remat.graphs.keep import complete, keep_costly
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -219,6 +219,22 @@ def test_keep_costly_drops_the_costly_values_a_tighter_budget_needs_and_fits_it(
         assert any(graph.nodes[v].flops > 0 for v in found.recomputed()) == (found.recompute_flops > 0)
         costs.append(found.recompute_flops)
     assert costs[0] > 0 and costs[-1] == 0
+
+
+def test_keep_costly_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
+    """The MLP at budget 1: every kept value is in use at the peak stage, so it drops one there
+    only until its next use, which pays less than dropping the same values for good."""
+    graph = small["residual MLP"][0]
+    budget, n = budgets(graph)[1], graph.n
+    found = keep_costly(graph, budget)
+    between = [v for v in range(n) if graph.nodes[v].flops and any(
+        (found.S[t, v] or found.R[t, v]) and not found.S[t + 1, v] and found.S[t + 1:, v].any()
+        for t in range(n, graph.stages - 1))]
+    assert found.predicted_peak_bytes <= budget and between
+    for_good = np.zeros_like(found.S)
+    for v, node in enumerate(graph.nodes):
+        for_good[v + 1:, v] = node.flops > 0 and v not in between
+    assert complete(graph, for_good, "for good").recompute_flops > found.recompute_flops
 
 
 def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):
