@@ -12,7 +12,7 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.graphs.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
+from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, recompute_lower_bound, warm_starts
 from ag.remat.graphs.keep import complete, keep_costly
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
@@ -114,9 +114,10 @@ def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_interva
     graph = small["transformer"][0]
     budget = remat.lower_bound_bytes(graph)
     assert not warm_starts(graph, budget)  # no heuristic reaches the lower bound here
-    with pytest.raises(ValueError, match=f"no schedule computing each node at most 1 time.*raise intervals "
-                                         f"\\({intervals_that_suffice(graph)} hold every schedule\\)"):
+    with pytest.raises(NoScheduleFits, match=f"no schedule computing each node at most 1 time.*raise intervals "
+                                             f"\\({intervals_that_suffice(graph)} hold every schedule\\)") as proof:
         remat.moccasin(graph, budget, intervals=1)
+    assert proof.value.intervals == 1  # a proof among 1-interval schedules only, not among all
 
 
 def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
@@ -303,11 +304,13 @@ def test_a_500_node_graph_under_a_10_s_limit_returns_within_it_with_a_fitting_sc
 
 # ---- bad input ----
 
-def test_a_budget_below_the_lower_bound_names_it(small):
+def test_a_budget_below_the_lower_bound_names_it_and_is_proved_infeasible_for_every_schedule(small):
     graph = small["residual MLP"][0]
     floor = remat.lower_bound_bytes(graph)
-    with pytest.raises(ValueError, match=f"smallest feasible budget is at least {floor:,} bytes"):
-        remat.moccasin(graph, floor - 1)
+    for solver in (remat.moccasin, remat.checkmate):
+        with pytest.raises(NoScheduleFits, match=f"smallest feasible budget is at least {floor:,} bytes") as proof:
+            solver(graph, floor - 1)
+        assert proof.value.intervals is None  # proved for every schedule
 
 
 @pytest.mark.parametrize("intervals", [0, -2, 1.5, "2"])
@@ -326,3 +329,15 @@ def test_a_missing_ortools_names_the_solver_extra(small, monkeypatch):
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(ImportError, match=r"OR-Tools.*pip install 'ag\[solver\]'"):
         remat.moccasin(small["residual MLP"][0], 10**9)
+
+
+# ---- the benchmark's rows ----
+
+def test_the_solver_table_counts_a_proof_for_every_schedule_as_solved_and_one_among_c_intervals_not(small):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from remat_solver import _cells, _timed
+    graph = small["transformer"][0]
+    found, seconds = _timed(remat.moccasin, graph, remat.lower_bound_bytes(graph), intervals=1, time_limit=10)
+    assert _cells(found, seconds, 0.0)[1:] == ["none with C=1", "proved", 1.0]
+    found, seconds = _timed(remat.checkmate, graph, remat.lower_bound_bytes(graph) - 1, time_limit=10)
+    assert _cells(found, seconds, 0.0)[1:] == ["infeasible", "proved", 0.0]
