@@ -58,7 +58,7 @@ from transformer import torch_model  # noqa: E402
 
 from ag import remat  # noqa: E402
 from ag.remat import examples  # noqa: E402
-from ag.remat.graphs.checkmate import _Program  # noqa: E402
+from ag.remat.graphs.checkmate import NoScheduleFits, _Program  # noqa: E402
 
 MB = 10**6
 
@@ -79,7 +79,7 @@ def side_by_side(names: list[str], time_limit: float, which=range(5), intervals:
         for budget in np.linspace(floor, none, 5).astype(int)[list(which)]:
             milp = _timed(remat.checkmate, graph, int(budget), time_limit=limit)
             cp = _timed(remat.moccasin, graph, int(budget), time_limit=limit, intervals=intervals)
-            bound = max((s.lower_bound or 0.0 for s, _ in (milp, cp) if s is not None), default=0.0)
+            bound = max((s.lower_bound or 0.0 for s, _ in (milp, cp) if isinstance(s, remat.Schedule)), default=0.0)
             cells = [_cells(found, seconds, bound) for found, seconds in (milp, cp)]
             proved.setdefault(name, []).append((cells[0][3], cells[1][3]))
             rows.append([name, str(graph.n), f"{budget / MB:.2f}", *cells[0][:3], *cells[1][:3],
@@ -97,13 +97,20 @@ def _timed(solver, graph, budget: int, **options):
     start = time.perf_counter()
     try:
         found = solver(graph, budget, **options)
+    except NoScheduleFits as proof:
+        found = proof
     except (ValueError, TimeoutError):
         found = None
     return found, time.perf_counter() - start
 
 
 def _cells(found, seconds: float, bound: float) -> list:
-    """(seconds, recompute in MFLOP, gap to ``bound``, the gap as a number: 1 when nothing was found)."""
+    """(seconds, recompute in MFLOP, gap to ``bound``, the gap as a number: 1 when nothing was found).
+    A proof that no schedule fits is a solved row; one among C-interval schedules only is not."""
+    if isinstance(found, NoScheduleFits):
+        if found.intervals is None:
+            return [f"{seconds:.1f}", "infeasible", "proved", 0.0]
+        return [f"{seconds:.1f}", f"none with C={found.intervals}", "proved", 1.0]
     if found is None:
         return [f"{seconds:.1f}", "none", "-", 1.0]
     spent = found.recompute_flops
@@ -113,7 +120,7 @@ def _cells(found, seconds: float, bound: float) -> list:
 
 def _c_opt(found) -> str:
     """"yes" when CP-SAT proved its schedule optimal among C-interval ones, else who made it."""
-    if found is None:
+    if not isinstance(found, remat.Schedule):
         return "-"
     if found.proved_within_intervals:
         return "yes"

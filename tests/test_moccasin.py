@@ -12,8 +12,8 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.graphs.checkmate import dtr_schedule, recompute_lower_bound, warm_starts
-from ag.remat.graphs.keep import keep_costly
+from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, recompute_lower_bound, warm_starts
+from ag.remat.graphs.keep import complete, keep_costly
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -114,9 +114,10 @@ def test_a_budget_that_no_c_interval_schedule_fits_says_so_and_names_the_interva
     graph = small["transformer"][0]
     budget = remat.lower_bound_bytes(graph)
     assert not warm_starts(graph, budget)  # no heuristic reaches the lower bound here
-    with pytest.raises(ValueError, match=f"no schedule computing each node at most 1 time.*raise intervals "
-                                         f"\\({intervals_that_suffice(graph)} hold every schedule\\)"):
+    with pytest.raises(NoScheduleFits, match=f"no schedule computing each node at most 1 time.*raise intervals "
+                                             f"\\({intervals_that_suffice(graph)} hold every schedule\\)") as proof:
         remat.moccasin(graph, budget, intervals=1)
+    assert proof.value.intervals == 1  # a proof among 1-interval schedules only, not among all
 
 
 def test_intervals_that_suffice_is_the_most_stages_that_may_compute_a_node(small):
@@ -221,6 +222,22 @@ def test_keep_costly_drops_the_costly_values_a_tighter_budget_needs_and_fits_it(
     assert costs[0] > 0 and costs[-1] == 0
 
 
+def test_keep_costly_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
+    """The MLP at budget 1: every kept value is in use at the peak stage, so it drops one there
+    only until its next use, which pays less than dropping the same values for good."""
+    graph = small["residual MLP"][0]
+    budget, n = budgets(graph)[1], graph.n
+    found = keep_costly(graph, budget)
+    between = [v for v in range(n) if graph.nodes[v].flops and any(
+        (found.S[t, v] or found.R[t, v]) and not found.S[t + 1, v] and found.S[t + 1:, v].any()
+        for t in range(n, graph.stages - 1))]
+    assert found.predicted_peak_bytes <= budget and between
+    for_good = np.zeros_like(found.S)
+    for v, node in enumerate(graph.nodes):
+        for_good[v + 1:, v] = node.flops > 0 and v not in between
+    assert complete(graph, for_good, "for good").recompute_flops > found.recompute_flops
+
+
 def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):
     """The MLP's optimum halfway up remakes free ops more than twice: CP-SAT's 2-interval model
     cannot state it, the warm start can, and the covering bound (0) proves it."""
@@ -287,11 +304,13 @@ def test_a_500_node_graph_under_a_10_s_limit_returns_within_it_with_a_fitting_sc
 
 # ---- bad input ----
 
-def test_a_budget_below_the_lower_bound_names_it(small):
+def test_a_budget_below_the_lower_bound_names_it_and_is_proved_infeasible_for_every_schedule(small):
     graph = small["residual MLP"][0]
     floor = remat.lower_bound_bytes(graph)
-    with pytest.raises(ValueError, match=f"smallest feasible budget is at least {floor:,} bytes"):
-        remat.moccasin(graph, floor - 1)
+    for solver in (remat.moccasin, remat.checkmate):
+        with pytest.raises(NoScheduleFits, match=f"smallest feasible budget is at least {floor:,} bytes") as proof:
+            solver(graph, floor - 1)
+        assert proof.value.intervals is None  # proved for every schedule
 
 
 @pytest.mark.parametrize("intervals", [0, -2, 1.5, "2"])
@@ -310,3 +329,15 @@ def test_a_missing_ortools_names_the_solver_extra(small, monkeypatch):
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(ImportError, match=r"OR-Tools.*pip install 'ag\[solver\]'"):
         remat.moccasin(small["residual MLP"][0], 10**9)
+
+
+# ---- the benchmark's rows ----
+
+def test_the_solver_table_counts_a_proof_for_every_schedule_as_solved_and_one_among_c_intervals_not(small):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from remat_solver import _cells, _timed
+    graph = small["transformer"][0]
+    found, seconds = _timed(remat.moccasin, graph, remat.lower_bound_bytes(graph), intervals=1, time_limit=10)
+    assert _cells(found, seconds, 0.0)[1:] == ["none with C=1", "proved", 1.0]
+    found, seconds = _timed(remat.checkmate, graph, remat.lower_bound_bytes(graph) - 1, time_limit=10)
+    assert _cells(found, seconds, 0.0)[1:] == ["infeasible", "proved", 0.0]

@@ -53,6 +53,15 @@ from .model import Memory, ScheduleError, prune
 from .schedule import Schedule, cheapest_within
 
 
+class NoScheduleFits(ValueError):
+    """A solver proved that no schedule fits the budget: among every schedule (``intervals`` None)
+    or among those that compute each node at most ``intervals`` times."""
+
+    def __init__(self, message: str, intervals: int | None = None) -> None:
+        super().__init__(message)
+        self.intervals = intervals
+
+
 class OutOfTime(Exception):
     """The wall-clock deadline passed while a solver was still building or solving."""
 
@@ -86,8 +95,8 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     lp = _highs(highs.milp, lp_by, integrality=np.zeros_like(integrality), **problem,
                 options={"time_limit": max(0.01, lp_by - time.perf_counter()), "disp": False})
     if lp.status == 2:
-        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                         f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+        raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                             f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
     if relax:
         return _relaxed(graph, program, lp, budget, time_limit, start)
     rounded, bound = None, cover
@@ -125,12 +134,12 @@ def _checked(graph: Graph, budget_bytes: int, time_limit: float) -> int:
         raise ValueError(f"checkmate: time_limit must be a positive number of seconds, got {time_limit!r}")
     budget = int(budget_bytes)
     if budget < graph.leaf_bytes:
-        raise ValueError(f"checkmate: a budget of {budget:,} bytes is below the {graph.leaf_bytes:,} bytes "
-                         "that the inputs and parameters hold by themselves")
+        raise NoScheduleFits(f"checkmate: a budget of {budget:,} bytes is below the {graph.leaf_bytes:,} bytes "
+                             "that the inputs and parameters hold by themselves")
     floor = lower_bound_bytes(graph)
     if budget < floor:
-        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
-                         f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
+        raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
+                             f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
     return budget
 
 
@@ -154,8 +163,8 @@ def _solved(graph: Graph, program: "_Program", highs, problem: dict, integrality
                     options={"time_limit": max(0.01, solve_by - time.perf_counter()), "mip_rel_gap": 1e-9,
                              "disp": False})
     if result.x is None and result.status == 2:
-        raise ValueError(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                         f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+        raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                             f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
     dual = getattr(result, "mip_dual_bound", None)
     if dual is not None and np.isfinite(dual):
         bound = max(bound or 0.0, program.unscale(dual) - graph.forward_flops)

@@ -116,26 +116,51 @@ def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Sc
     """Keep K = {v : flops_v > 0} from its computation on and remake the free ops (``complete``).
     While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
     bytes a FLOP (max size_v / flops_v): if t does not use v, keep v out of stages t .. u, u its
-    next use (remade there, kept again after); if every kept v is used at t, drop the one whose
-    computation is resident at t for good. May not fit: the caller checks; stops at ``deadline``."""
+    next use (remade there, kept again after); if every kept v is used at t, free one after its
+    last use in t until its next use u > t (the one used last that lowers the peak or moves it
+    later), else drop the one at t for good. May not fit: the caller checks; stops at ``deadline``."""
     wanted = np.zeros((graph.stages, graph.n), dtype=bool)
     for v, node in enumerate(graph.nodes):
         wanted[v + 1:, v] = node.flops > 0
     best = complete(graph, wanted, "keep costly")
     while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
         t = best.prediction.peak_stage
-        costly = [v for v in np.flatnonzero(wanted[t]).tolist() if best.S[t, v] or best.R[t, v]]
-        unused = [v for v in costly if best.S[t, v] and not _used(graph, best, t, v)]
+        costly = [v for v in np.flatnonzero(wanted[t:t + 2].any(axis=0)).tolist() if best.S[t, v] or best.R[t, v]]
         if not costly:
             return best  # what overflows is not kept: no drop helps
-        v = max(unused or costly, key=lambda v: (graph.nodes[v].size / graph.nodes[v].flops, -v))
+        by_ratio = sorted(costly, key=lambda v: (-graph.nodes[v].size / graph.nodes[v].flops, v))
+        unused = [v for v in by_ratio if best.S[t, v] and not _used(graph, best, t, v)]
         if unused:
-            u = next((u for u in range(t + 1, graph.stages) if _used(graph, best, u, v)), graph.stages)
-            wanted[t:u + 1, v] = False
-        else:
-            wanted[:, v] = False
-        best = complete(graph, wanted, "keep costly")
+            best, wanted = _drop(graph, best, wanted, unused[0], t)
+            continue
+        later = sorted((v for v in by_ratio if t + 1 < graph.stages and wanted[t + 1, v]),
+                       key=lambda v: -_next_use(graph, best, v, t + 1))
+        tried = (_drop(graph, best, wanted, v, t + 1) for v in later)
+        lower = next((found for found in tried if _lower(found[0], best)), None)
+        if lower is None:  # no drop after its last use in t lowers the peak: drop for good
+            lower = _drop(graph, best, wanted, by_ratio[0], 0)
+        best, wanted = lower
     return best
+
+
+def _drop(graph: Graph, best: Schedule, wanted: np.ndarray, v: int, t: int) -> tuple[Schedule, np.ndarray]:
+    """Keep v out of stages t .. u, u its first use from t on (remade there, kept again after);
+    from 0, out for good."""
+    u = _next_use(graph, best, v, t) if t else graph.stages
+    wanted = wanted.copy()
+    wanted[t:u + 1, v] = False
+    return complete(graph, wanted, "keep costly"), wanted
+
+
+def _next_use(graph: Graph, schedule: Schedule, v: int, t: int) -> int:
+    """The first stage from t on that uses v (``graph.stages`` if none)."""
+    return next((u for u in range(t, graph.stages) if _used(graph, schedule, u, v)), graph.stages)
+
+
+def _lower(found: Schedule, best: Schedule) -> bool:
+    """Has ``found`` a lower peak than ``best``, or the same one first reached at a later stage?"""
+    return (found.predicted_peak_bytes, -found.prediction.peak_stage) < \
+        (best.predicted_peak_bytes, -best.prediction.peak_stage)
 
 
 def _used(graph: Graph, schedule: Schedule, t: int, v: int) -> bool:

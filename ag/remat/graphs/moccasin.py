@@ -43,8 +43,8 @@ import time
 
 import numpy as np
 
-from .checkmate import (WARM_SHARE, OutOfTime, check_deadline, lower_bound_bytes, need_until, read_back_seconds,
-                        recompute_lower_bound, warm_starts, with_bound)
+from .checkmate import (WARM_SHARE, NoScheduleFits, OutOfTime, check_deadline, lower_bound_bytes, need_until,
+                        read_back_seconds, recompute_lower_bound, warm_starts, with_bound)
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
@@ -79,9 +79,10 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     seconds = time.perf_counter() - start
     best = cheapest_within([found, *warm], budget)
     if best is None and infeasible:
-        raise ValueError(f"moccasin: CP-SAT proved that no schedule computing each node at most {intervals} "
-                         f"time(s) fits {budget:,} bytes, and no warm start fits; raise intervals "
-                         f"({intervals_that_suffice(graph)} hold every schedule) or the budget")
+        suffice = intervals_that_suffice(graph)
+        raise NoScheduleFits(f"moccasin: CP-SAT proved that no schedule computing each node at most {intervals} "
+                             f"time(s) fits {budget:,} bytes, and no warm start fits; raise intervals "
+                             f"({suffice} hold every schedule) or the budget", None if intervals >= suffice else intervals)
     if best is None:
         raise TimeoutError(f"moccasin: the time limit of {time_limit} s ended before CP-SAT found any schedule "
                            f"for {graph.n} nodes at {budget:,} bytes, and no warm start fits; raise time_limit")
@@ -111,8 +112,8 @@ def _checked(graph: Graph, budget_bytes: int, intervals: int, time_limit: float)
         raise ValueError(f"moccasin: time_limit must be a positive number of seconds, got {time_limit!r}")
     budget, floor = int(budget_bytes), lower_bound_bytes(graph)
     if budget < floor:
-        raise ValueError(f"moccasin: no schedule fits {budget:,} bytes; the smallest feasible budget is at least "
-                         f"{floor:,} bytes (one stage needs that much even keeping nothing else)")
+        raise NoScheduleFits(f"moccasin: no schedule fits {budget:,} bytes; the smallest feasible budget is at least "
+                             f"{floor:,} bytes (one stage needs that much even keeping nothing else)")
     return budget
 
 
