@@ -302,6 +302,16 @@ def test_a_500_node_graph_under_a_10_s_limit_returns_within_it_with_a_fitting_sc
     assert found.recompute_flops <= dtr_schedule(graph, budget).recompute_flops  # the one heuristic that fits
 
 
+
+def test_enough_intervals_for_every_schedule_keep_the_time_limit_while_the_model_is_built(big):
+    graph = big[0]  # the 4-layer transformer
+    C = intervals_that_suffice(graph)  # 217: CP-SAT's model takes longer to build than the limit
+    start = time.perf_counter()
+    with pytest.raises((TimeoutError, NoScheduleFits)):
+        remat.moccasin(graph, remat.lower_bound_bytes(graph), intervals=C, time_limit=6)
+    assert time.perf_counter() - start <= 6 + SLACK
+
+
 # ---- bad input ----
 
 def test_a_budget_below_the_lower_bound_names_it_and_is_proved_infeasible_for_every_schedule(small):

@@ -204,8 +204,8 @@ class _Program:
     def _precedence(self) -> None:
         g = self.graph
         for k in range(self.n):
-            check_deadline(self.deadline)
             for j in range(self.C[k]):
+                check_deadline(self.deadline)  # each j: with C in the hundreds one k takes seconds
                 for d in sorted(g.with_bases(g.nodes[k].deps)):
                     self._held(("compute", k, j), d, self.a[k][j], self.stage[k][j], self.s(k, j))
 
@@ -224,6 +224,7 @@ class _Program:
                 continue
             b = node.view_of
             for j in range(self.C[v]):
+                check_deadline(self.deadline)
                 inside = []
                 for i in range(self.C[b]):
                     x = m.new_bool_var(f"inside[{v},{j}][{b},{i}]")
@@ -239,6 +240,7 @@ class _Program:
         m, g = self.model, self.graph
         intervals, demands = [], []
         for v, node in enumerate(g.nodes):
+            check_deadline(self.deadline)
             for i in range(self.C[v]):
                 if node.size:
                     length = m.new_int_var(1, self.horizon, f"length[{v},{i}]")
