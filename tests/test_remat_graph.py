@@ -231,8 +231,8 @@ def test_prediction_is_within_5_percent_of_the_measured_peak_for_every_planner(g
     schedules = planners(graph)
     middle = (remat.lower_bound_bytes(graph) + schedules[0].predicted_peak_bytes) // 2
     schedules.append(checkmate(graph, middle, time_limit=10))
-    try:  # the 2-layer transformer's LP: under 10 s, then 11 to 14 s, on one 2-vCPU machine in one day
-        schedules.append(checkmate(graph, middle, relax=True, time_limit=40))
+    try:  # the 2-layer transformer's LP: 10 to 14 s on an idle 2-vCPU machine, past 40 s on a loaded one
+        schedules.append(checkmate(graph, middle, relax=True, time_limit=120))
     except ValueError:
         pass  # LP rounding may find nothing within the budget; the MILP above did
     for schedule in schedules:
