@@ -222,12 +222,12 @@ def test_keep_costly_drops_the_costly_values_a_tighter_budget_needs_and_fits_it(
     assert costs[0] > 0 and costs[-1] == 0
 
 
-def test_keep_costly_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
+def test_keep_then_drop_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
     """The MLP at budget 1: every kept value is in use at the peak stage, so it drops one there
     only until its next use, which pays less than dropping the same values for good."""
     graph = small["residual MLP"][0]
     budget, n = budgets(graph)[1], graph.n
-    found = keep_costly(graph, budget)
+    found = keep_then_drop(graph, budget)
     between = [v for v in range(n) if graph.nodes[v].flops and any(
         (found.S[t, v] or found.R[t, v]) and not found.S[t + 1, v] and found.S[t + 1:, v].any()
         for t in range(n, graph.stages - 1))]

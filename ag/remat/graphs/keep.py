@@ -114,14 +114,15 @@ def complete(graph: Graph, S_wanted: np.ndarray, planner: str) -> Schedule:
 
 def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
     """The cheapest of ``keep_then_drop`` with checkpoints every m free ops, m in
-    (0, s/2, s, 2s), s = round(sqrt(D)) and D the longest free chain (``free_depth``): Chen's sqrt
+    (s, s/2, 2s, 0), s = round(sqrt(D)) and D the longest free chain (``free_depth``): Chen's sqrt
     rule on the chains of free ops (residual adds) that a tight budget makes remade from afar.
     Tries no more once one fits at no recompute, or at ``deadline``."""
-    s = max(1, round(max(free_depth(graph), default=0) ** 0.5))
+    longest = max(free_depth(graph), default=0)
+    s = max(1, round(longest ** 0.5))
     found: list[Schedule] = []
-    for every in dict.fromkeys((0, max(1, s // 2), s, 2 * s)):
-        if found and (time.perf_counter() > deadline or found[0].predicted_peak_bytes <= budget
-                      and found[0].recompute_flops == 0):
+    for every in dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,)):
+        fits = [f for f in found if f.predicted_peak_bytes <= budget]
+        if found and (time.perf_counter() > deadline or any(f.recompute_flops == 0 for f in fits)):
             break
         found.append(keep_then_drop(graph, budget, deadline, every))
     fits = [f for f in found if f.predicted_peak_bytes <= budget]
