@@ -11,7 +11,8 @@ replay per segment, as ``sequential``'s segment mode and NeMo's recomputation do
 
 ``keep_costly(graph, budget)``: dominance as a plan. An op that costs no FLOPs (relu, add, a
 view) is remade for free from its inputs, so keep only what costs FLOPs to remake, and let
-``complete`` remake the free ops in every stage that reads them.
+``complete`` remake the free ops in every stage that reads them; at tight budgets, where that
+remakes long chains of free ops from afar, keep every m-th of them too.
 """
 from __future__ import annotations
 
@@ -142,10 +143,11 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
     """Keep K = {v : flops_v > 0} (and, if ``every``, each free v with d_v a multiple of it)
     from its computation on and remake the free ops (``complete``).
     While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
-    bytes a FLOP (max size_v / flops_v; a free one first): if t does not use v, keep v out of stages t .. u, u its
-    next use (remade there, kept again after); if every kept v is used at t, free one after its
-    last use in t until its next use u > t (the one used last that lowers the peak or moves it
-    later), else drop the one at t for good. May not fit: the caller checks; stops at ``deadline``."""
+    bytes a FLOP (max size_v / flops_v; a free one first): if t does not use v, keep v out of
+    stages t .. u, u its next use (remade there, kept again after); if every kept v is used at t,
+    free one after its last use in t until its next use u > t (the one used last that lowers the
+    peak or moves it later), else drop the one at t for good. May not fit: the caller checks;
+    stops at ``deadline``."""
     depth = free_depth(graph) if every else [0] * graph.n
     wanted = np.zeros((graph.stages, graph.n), dtype=bool)
     for v, node in enumerate(graph.nodes):
