@@ -13,7 +13,7 @@ import pytest
 from ag import remat
 from ag.remat import examples
 from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, recompute_lower_bound, warm_starts
-from ag.remat.graphs.keep import complete, keep_costly
+from ag.remat.graphs.keep import complete, free_depth, keep_costly, keep_then_drop
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -222,12 +222,12 @@ def test_keep_costly_drops_the_costly_values_a_tighter_budget_needs_and_fits_it(
     assert costs[0] > 0 and costs[-1] == 0
 
 
-def test_keep_costly_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
+def test_keep_then_drop_frees_a_value_after_its_last_use_in_the_peak_stage_and_keeps_it_again_later(small):
     """The MLP at budget 1: every kept value is in use at the peak stage, so it drops one there
     only until its next use, which pays less than dropping the same values for good."""
     graph = small["residual MLP"][0]
     budget, n = budgets(graph)[1], graph.n
-    found = keep_costly(graph, budget)
+    found = keep_then_drop(graph, budget)
     between = [v for v in range(n) if graph.nodes[v].flops and any(
         (found.S[t, v] or found.R[t, v]) and not found.S[t + 1, v] and found.S[t + 1:, v].any()
         for t in range(n, graph.stages - 1))]
@@ -236,6 +236,20 @@ def test_keep_costly_frees_a_value_after_its_last_use_in_the_peak_stage_and_keep
     for v, node in enumerate(graph.nodes):
         for_good[v + 1:, v] = node.flops > 0 and v not in between
     assert complete(graph, for_good, "for good").recompute_flops > found.recompute_flops
+
+
+def test_at_the_tightest_budget_keep_costly_keeps_residual_adds_and_pays_less_than_dtr_and_costly_ops_alone():
+    """A 26-node residual MLP at its lower bound: remaking each add from the input chains through
+    dropped matmuls; checkpoints every sqrt(D) adds pay less than DTR and than keeping none."""
+    fn, inputs = examples.residual_mlp(blocks=8, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    budget, depth = budgets(graph)[0], free_depth(graph)
+    found = keep_costly(graph, budget)
+    assert found.predicted_peak_bytes <= budget
+    assert any(found.S[graph.n, v] and depth[v] > 1 for v in range(graph.n))  # an add kept into backward
+    costly_only, dtr = keep_then_drop(graph, budget), dtr_schedule(graph, budget)
+    assert costly_only.predicted_peak_bytes <= budget and dtr.predicted_peak_bytes <= budget
+    assert found.recompute_flops < min(costly_only.recompute_flops, dtr.recompute_flops)
 
 
 def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):
