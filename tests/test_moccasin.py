@@ -13,7 +13,8 @@ import pytest
 from ag import remat
 from ag.remat import examples
 from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, recompute_lower_bound, warm_starts
-from ag.remat.graphs.keep import complete, free_depth, keep_costly, keep_then_drop
+from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop
+from ag.remat.graphs.keep import complete
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
 if os.environ.get("AG_REQUIRE_SOLVER"):

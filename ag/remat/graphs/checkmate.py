@@ -47,7 +47,8 @@ import numpy as np
 from .dtr import GraphDTR
 from .graph import Graph
 from .chain_plans import chain_schedule
-from .keep import complete, keep_costly
+from .costly import keep_costly
+from .keep import complete
 from .nemo import nemo
 from .model import Memory, ScheduleError, prune
 from .schedule import Schedule, cheapest_within
