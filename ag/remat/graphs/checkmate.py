@@ -63,6 +63,11 @@ class NoScheduleFits(ValueError):
         self.intervals = intervals
 
 
+def _proved_infeasible(graph: Graph, budget: int) -> NoScheduleFits:
+    return NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
+                          f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+
+
 class OutOfTime(Exception):
     """The wall-clock deadline passed while a solver was still building or solving."""
 
@@ -96,8 +101,7 @@ def checkmate(graph: Graph, budget_bytes: int, *, time_limit: float = 60, relax:
     lp = _highs(highs.milp, lp_by, integrality=np.zeros_like(integrality), **problem,
                 options={"time_limit": max(0.01, lp_by - time.perf_counter()), "disp": False})
     if lp.status == 2:
-        raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                             f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+        raise _proved_infeasible(graph, budget)
     if relax:
         return _relaxed(graph, program, lp, budget, time_limit, start)
     rounded, bound = None, cover
@@ -164,8 +168,7 @@ def _solved(graph: Graph, program: "_Program", highs, problem: dict, integrality
                     options={"time_limit": max(0.01, solve_by - time.perf_counter()), "mip_rel_gap": 1e-9,
                              "disp": False})
     if result.x is None and result.status == 2:
-        raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                             f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+        raise _proved_infeasible(graph, budget)
     dual = getattr(result, "mip_dual_bound", None)
     if dual is not None and np.isfinite(dual):
         bound = max(bound or 0.0, program.unscale(dual) - graph.forward_flops)
