@@ -73,6 +73,37 @@ def test_no_op_module_imports_the_lab_or_a_thread_pool(path):
     assert not offenders, f"{path.name} imports {sorted(offenders)}: the lab plugs in through ag.ops.kernels"
 
 
+PUBLISHERS = sorted([AG / name for name in ("tensor.py", "tensor_base.py", "arrays.py", "modes.py", "hooks.py",
+                                             "discard.py", "errors.py")]
+                    + list((AG / "ops").glob("*.py")) + list((AG / "attention").glob("*.py")))
+
+
+def _imported_names(path: Path) -> set[str]:
+    """What ``path`` imports, each name joined to its module: ``from .. import trace`` gives "...trace"."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", PUBLISHERS, ids=lambda p: p.relative_to(AG).as_posix())
+def test_the_engine_ops_and_attention_publish_events_and_import_no_observer(path):
+    """Observation is events: ``trace`` (and ``count_ops`` in it) and ``remat``'s capture subscribe to
+    ``hooks``; the code that publishes imports neither."""
+    offenders = {m for m in _imported_names(path) if re.search(r"(^|\.)(trace|remat)(\.|$)", m)}
+    assert not offenders, f"{path.relative_to(AG)} imports {sorted(offenders)}: publish through ag.hooks instead"
+
+
+def test_the_observer_pattern_finds_every_form_of_import(tmp_path):
+    for line in ("from ..trace import count_matmul", "from .. import trace", "import ag.trace", "from ag import remat"):
+        (tmp_path / "x.py").write_text(line + "\n")
+        assert any(re.search(r"(^|\.)(trace|remat)(\.|$)", m) for m in _imported_names(tmp_path / "x.py")), line
+
+
 BENCHMARK_FIGURE = re.compile(r"\d\s*(ms|µs|us|ns)\b|\d+(\.\d+)?\s*%|\d+(\.\d+)?\s*(x|×)\s+(as|faster|slower)|->\s*\d")
 
 
