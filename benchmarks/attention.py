@@ -9,7 +9,8 @@
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
 
-- ag ``flash_attention`` (``ag/attention/``: FlashAttention-2's tiles, a few heads a run, ``ag/attention/sharing.py``);
+- ag ``flash_attention`` (``ag/attention/``: FlashAttention-2's tiles; with the lab on, a few heads a
+  run on its threads, ``ag/lab/sharing.py``);
 - ag ``naive_attention`` (S = QKᵀ and P = softmax(S) materialized by ag ops), with
   ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
 - ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
@@ -725,7 +726,7 @@ def tile_arrays(block_q: int, block_k: int, heads: int, seed: int = 0) -> dict[s
 
 
 def run_heads(block_q: int, block_k: int) -> int:
-    """The heads one run holds with these tiles (``ag.attention.sharing.plan_runs``, B = 1)."""
+    """The heads one run holds with these tiles (``ag.lab.sharing.plan_runs``, B = 1)."""
     head_bytes = block_q * block_k * np.dtype(np.float32).itemsize
     return sharing.plan_runs((B,), H, head_bytes, workers=1)[0].heads
 
