@@ -9,7 +9,8 @@
 q, k, v and a fixed dO are float32 of shape (B, H, N, d), standard normal; causal is top-left.
 The three contestants:
 
-- ag ``flash_attention`` (``ag/attention/``: FlashAttention-2's tiles, a few heads a run, ``ag/attention/sharing.py``);
+- ag ``flash_attention`` (``ag/attention/``: FlashAttention-2's tiles; with the lab on, a few heads a
+  run on its threads, ``ag/lab/sharing.py``);
 - ag ``naive_attention`` (S = QKᵀ and P = softmax(S) materialized by ag ops), with
   ``ag.release_unneeded`` after it, as in ``mlp.py``, so that only what backward reads is kept;
 - ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its fused flash kernel).
@@ -22,13 +23,17 @@ The three contestants:
    loss = sum(O ∘ dO). Medians and bests of runs that take turns in one process, so that drift in
    the machine's speed hits every contestant alike. GFLOP/s with the standard count: 4·B·H·N²·d for
    the forward, 2.5 times that for the backward (3.5 times for the step), halved when causal.
-   Goals: flash <= 1.3 × naive and flash <= 1.2 × torch (stretch: <= 1.0), in time (flash runs
-   with its default workers, the cores it may run on, BLAS at one thread each). Then (2c) one head on
-   one thread at the worst forward row's N, forward and step: flash, its products alone by NumPy's
-   BLAS and by torch's matmul on the same tiles, and torch SDPA; a missed torch goal names its
-   limit from it.
+   Goals in the lab: flash <= 1.3 × naive and flash <= 1.2 × torch (stretch: <= 1.0), in time on
+   every row (flash runs with its default workers, the cores it may run on, BLAS at one thread
+   each). With ``--classroom`` (issue 49): flash <= 2.0 × torch on every row, and flash faster than
+   naive (<= 1.0 ×) on the rows from N = 1024, forward and step (flash on one thread, BLAS held to
+   one; naive's products and torch on their libraries' threads). Then (2c) one head on one thread
+   at the worst forward row's N, forward and step: flash, its products alone by NumPy's BLAS (on the
+   classroom path S and dP in float64, as its tiles take them, and all in float32 beside them) and
+   by torch's matmul on the same tiles, and torch SDPA; a missed goal names its limit from it.
 3. Peak memory of one step at the largest N: tracemalloc for both ag paths, and for all three the
-   growth of the resident set in a fresh subprocess (``_memory.py``). Goal: flash <= naive / 10.
+   growth of the resident set in a fresh subprocess (``_memory.py``). Goal, on either path: flash <=
+   naive / 10 (set at N = 8192).
 4. Where flash's time goes: each NumPy call of one forward and one backward tile step, timed
    alone on one thread as ag writes it, on the heads one run holds, and with the in-place form
    next to it, scaled to a whole pass.
@@ -58,8 +63,10 @@ from _memory import rss_peak_of, run_workers  # noqa: E402
 from ag import attention  # noqa: E402
 from ag.lab import flash as lab_flash, flash_tiles, sharing  # noqa: E402
 from ag.lab import seams  # noqa: E402
+from ag.ops.kernels import KERNELS  # noqa: E402
 from ag.attention.shapes import visible_keys  # noqa: E402
 from ag.attention import flash_attention, naive_attention  # noqa: E402
+from ag.attention.flash import DEFAULT_BLOCK_Q_BACKWARD  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
 from mlp import busy_limit, in_lab, machine_lines, print_table  # noqa: E402
@@ -72,7 +79,10 @@ Q_SCALE = 1.0  # q times this (``--q-scale``): scores of this standard deviation
 NAIVE_GOAL = 1.3   # flash time / naive time
 TORCH_GOAL = 1.2   # flash time / torch time (issue 14)
 TORCH_STRETCH_GOAL = 1.0  # the same issue's stretch goal
-MEMORY_GOAL = 0.1  # flash peak / naive peak
+MEMORY_GOAL = 0.1  # flash peak / naive peak, either path
+CLASSROOM_TORCH_GOAL = 2.0  # flash time / torch time on the classroom path (issue 49)
+CLASSROOM_NAIVE_GOAL = 1.0  # flash time / naive time on the classroom path: faster ...
+CLASSROOM_NAIVE_FROM = 1024  # ... from this N on
 BLOCKS = (64, 128, 256, 512, 1024)
 HEAD_REPEATS = 7  # runs of each contestant in table 2c
 # Table 2c's wait before each run: every contestant there runs on one thread, and no thread of
@@ -171,14 +181,27 @@ def worst_differences(n: int, blocks: dict) -> dict[tuple[str, bool], float]:
 
 # ---- time ----
 
-def tiles_label(blocks: dict) -> str:
-    """block_q x block_k, or ag's defaults spelled out where one is None."""
+def tiles_label(blocks: dict, classroom: bool = False) -> str:
+    """block_q x block_k, or ag's defaults spelled out where one is None (the classroom's or the lab's)."""
     if None not in blocks.values():
         return f"{blocks['block_q']} x {blocks['block_k']}"
+    (fq, fk), (bq, bk) = flash_tiles_of(blocks, classroom, unmasked=True)
+    if classroom:
+        return f"{fq} x {fk} ({bq} x {bk} in backward)"
+    return f"{bq} x {bk} ({fq} x {fk} in a forward without a mask)"
+
+
+def flash_tiles_of(blocks: dict, classroom: bool, unmasked: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(block_q, block_k) of flash's forward and of its backward with these ``blocks`` (None: ag's
+    default): the classroom's ``tiled_passes`` (64 query rows in backward) or the lab's (wider tiles
+    in a forward without a mask, ``unmasked``)."""
     bq, bk = blocks["block_q"], blocks["block_k"]
-    return (f"{bq or attention.DEFAULT_BLOCK_Q} x {bk or attention.DEFAULT_BLOCK_K} "
-            f"({bq or lab_flash.DEFAULT_BLOCK_Q_FORWARD_UNMASKED} x {bk or lab_flash.DEFAULT_BLOCK_K_FORWARD_UNMASKED} "
-            "in a forward without a mask)")
+    if classroom:
+        return ((bq or attention.DEFAULT_BLOCK_Q, bk or attention.DEFAULT_BLOCK_K),
+                (bq or DEFAULT_BLOCK_Q_BACKWARD, bk or attention.DEFAULT_BLOCK_K))
+    forward = ((bq or lab_flash.DEFAULT_BLOCK_Q_FORWARD_UNMASKED, bk or lab_flash.DEFAULT_BLOCK_K_FORWARD_UNMASKED)
+               if unmasked and None in (bq, bk) else (bq or lab_flash.DEFAULT_BLOCK_Q, bk or lab_flash.DEFAULT_BLOCK_K))
+    return forward, (bq or lab_flash.DEFAULT_BLOCK_Q, bk or lab_flash.DEFAULT_BLOCK_K)
 
 
 def timed_step(a: AgAttention) -> tuple[float, float]:
@@ -317,24 +340,34 @@ def time_rows(n: int, causal: bool, blocks: dict, args) -> tuple[list[str], list
     calls |= {f"{name} step": r.step for name, r in runs.items()}
     times = take_turns(calls, {c: repeats[c.split()[0]] for c in calls})
     del runs
-    return (time_row(n, causal, "forward", times, 1.0), time_row(n, causal, "step", times, 3.5))
+    return (time_row(n, causal, "forward", times, 1.0, args.classroom),
+            time_row(n, causal, "step", times, 3.5, args.classroom))
 
 
-def time_row(n: int, causal: bool, what: str, times: dict, passes: float) -> list[str]:
+def time_row(n: int, causal: bool, what: str, times: dict, passes: float, classroom: bool = False) -> list[str]:
+    """One row of table 2a or 2b; its verdicts against the lab's goals, or the ``classroom``'s."""
     m = {name: med(times[f"{name} {what}"]) for name in ("flash", "naive", "torch")}
     best = {name: min(times[f"{name} {what}"]) for name in ("flash", "naive", "torch")}
     to_naive, to_torch = m["flash"] / m["naive"], m["flash"] / m["torch"]
     runs = "/".join(str(len(times[f"{name} {what}"])) for name in ("flash", "naive", "torch"))
+    if classroom:
+        judged = n >= CLASSROOM_NAIVE_FROM
+        verdicts = [shown(to_naive, CLASSROOM_NAIVE_GOAL) if judged else f"{to_naive:.2f}",
+                    verdict(to_naive, CLASSROOM_NAIVE_GOAL) if judged else "-",
+                    shown(to_torch, CLASSROOM_TORCH_GOAL), verdict(to_torch, CLASSROOM_TORCH_GOAL)]
+    else:
+        verdicts = [shown(to_naive, NAIVE_GOAL), verdict(to_naive, NAIVE_GOAL),
+                    shown(to_torch, (TORCH_GOAL, TORCH_STRETCH_GOAL)), verdict(to_torch, TORCH_GOAL)]
     return [str(n), mask_name(causal)] + [f"{m[x] * 1e3:.0f}" for x in ("flash", "naive", "torch")] + \
-        [f"{flops(n, causal, passes) / m[x] / 1e9:.0f}" for x in ("flash", "naive", "torch")] + \
-        [shown(to_naive, NAIVE_GOAL), verdict(to_naive, NAIVE_GOAL),
-         shown(to_torch, (TORCH_GOAL, TORCH_STRETCH_GOAL)), verdict(to_torch, TORCH_GOAL),
-         f"{best['flash'] / best['naive']:.2f}", f"{best['flash'] / best['torch']:.2f}", runs]
+        [f"{flops(n, causal, passes) / m[x] / 1e9:.0f}" for x in ("flash", "naive", "torch")] + verdicts + \
+        [f"{best['flash'] / best['naive']:.2f}", f"{best['flash'] / best['torch']:.2f}", runs]
 
 
 TIME_HEADER = ["N", "mask", "flash ms", "naive ms", "torch ms", "flash GFLOP/s", "naive GFLOP/s", "torch GFLOP/s",
                "flash/naive", f"goal <= {NAIVE_GOAL}", "flash/torch", f"goal <= {TORCH_GOAL:g}",
                "best flash/naive", "best flash/torch", "runs f/n/t"]
+CLASSROOM_TIME_HEADER = TIME_HEADER[:9] + [f"goal <= {CLASSROOM_NAIVE_GOAL:g} from N = {CLASSROOM_NAIVE_FROM}",
+                                           "flash/torch", f"goal <= {CLASSROOM_TORCH_GOAL:g}"] + TIME_HEADER[12:]
 
 
 def time_tables(args, blocks: dict) -> None:
@@ -344,46 +377,61 @@ def time_tables(args, blocks: dict) -> None:
             forward, step = time_rows(n, causal, blocks, args)
             forward_rows.append(forward)
             step_rows.append(step)
-    print_time_tables(forward_rows, step_rows, blocks)
+    print_time_tables(forward_rows, step_rows, blocks, args.classroom)
     n = int(max(forward_rows, key=lambda r: float(r[10]))[0])  # the worst forward row's N
-    head = one_head(n, blocks, HEAD_REPEATS)
-    print_one_head(n, head)
-    print_time_goals(forward_rows, step_rows, (torch_limit(n, head), torch_limit(n, head, step=True)))
+    head = one_head(n, blocks, HEAD_REPEATS, args.classroom)
+    print_one_head(n, head, args.classroom)
+    if args.classroom:
+        print_classroom_goals(forward_rows, step_rows, n, head)
+    else:
+        print_time_goals(forward_rows, step_rows, (torch_limit(n, head), torch_limit(n, head, step=True)))
 
 
-def print_time_tables(forward_rows: list, step_rows: list, blocks: dict) -> None:
-    tiles = f"flash tiles {tiles_label(blocks)}"
+def print_time_tables(forward_rows: list, step_rows: list, blocks: dict, classroom: bool = False) -> None:
+    tiles = f"flash tiles {tiles_label(blocks, classroom)}"
+    header = CLASSROOM_TIME_HEADER if classroom else TIME_HEADER
     print_table(f"2a. Forward pass alone (no graph): median ms, GFLOP/s at 4·B·H·N²·d (halved when causal); "
                 f"{tiles}",
-                TIME_HEADER, forward_rows)
+                header, forward_rows)
     print_table(f"2b. Training step, forward + backward of sum(O ∘ dO): median ms, GFLOP/s at 3.5 × the forward "
-                f"count; {tiles}", TIME_HEADER, step_rows)
+                f"count; {tiles}", header, step_rows)
 
 
-def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
+def one_head(n: int, blocks: dict, repeats: int, classroom: bool = False) -> dict[str, float]:
     """Median seconds of one head's non-causal forward, and of its step (forward + backward), at
     N = ``n`` on one thread (NumPy's BLAS and torch both held to one): ag's flash; its products
     alone on the same tiles, by NumPy's BLAS and by torch's matmul (the forward's QKᵀ and PV; the
     backward's QKᵀ, dO Vᵀ, Pᵀ dO, dSᵀ Q and dS K); and torch SDPA. Whatever flash spends beyond its
     products is the work outside BLAS: the passes over each tile, the per-row ops and the Python.
     Keys: "flash", "numpy products", "torch products", "torch", and each with " step"; and "numpy exp"
-    and "torch exp", ns an element of the exp a bounded tile takes (``exp_rates``)."""
+    and "torch exp", ns an element of the exp a bounded tile takes (``exp_rates``). On the
+    ``classroom`` path the tiles are the classroom's, "numpy products" takes S = QKᵀ and dP = dO Vᵀ
+    in float64 and rounds them once to float32 as its tiles do (``Tiles.product``), and "float32
+    products" (and " step") are the same products all in float32 on NumPy's BLAS."""
     import torch
     from threadpoolctl import threadpool_limits
     inputs = tuple(x[:, :1] for x in make_inputs(n))  # (1, 1, n, d): one head
     q, k, v = inputs[:3]
-    forward_tiles = (blocks["block_q"] or lab_flash.DEFAULT_BLOCK_Q_FORWARD_UNMASKED,
-                     blocks["block_k"] or lab_flash.DEFAULT_BLOCK_K_FORWARD_UNMASKED)
-    backward_tiles = (blocks["block_q"] or attention.DEFAULT_BLOCK_Q, blocks["block_k"] or attention.DEFAULT_BLOCK_K)
+    forward_tiles, backward_tiles = flash_tiles_of(blocks, classroom, unmasked=True)
 
     def pairs(tiles):
         (bq, bk) = tiles
         return [(slice(i, i + bq), slice(j, j + bk)) for i in range(0, n, bq) for j in range(0, n, bk)]
 
-    def products(lib, backward: bool) -> Callable[[], None]:
+    def wide_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """a @ b taken in float64, rounded once to float32 (into ``out``), as the classroom's S and dP."""
+        exact = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        if out is None:
+            return exact.astype(np.float32)
+        np.copyto(out, exact)
+        return out
+
+    def products(lib, backward: bool, wide: bool = False) -> Callable[[], None]:
         """The forward's products on every tile (S = Q_i K_jᵀ into one buffer, then S V_j), and with
-        ``backward`` then the backward's five on its tiles, by ``lib`` (NumPy or torch)."""
+        ``backward`` then the backward's five on its tiles, by ``lib`` (NumPy or torch); ``wide``:
+        S and dP in float64 (``wide_matmul``)."""
         matmul = lib.matmul
+        scores = wide_matmul if wide else matmul
         q2, k2, v2, do = (lib.from_numpy(a) if lib is not np else a
                           for a in (np.ascontiguousarray(x[0, 0]) for x in inputs))
         buffers = {t: lib.empty((min(t[0], n), min(t[1], n)), dtype=lib.float32) for t in {forward_tiles, backward_tiles}}
@@ -391,13 +439,13 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
         def run() -> None:
             s = buffers[forward_tiles]
             for i, j in pairs(forward_tiles):
-                s_ij = matmul(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
+                s_ij = scores(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
                 matmul(s_ij, v2[j])
             if backward:
                 s = buffers[backward_tiles]
                 for i, j in pairs(backward_tiles):
-                    s_ij = matmul(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
-                    dp = matmul(do[i], v2[j].T)
+                    s_ij = scores(q2[i], k2[j].T, out=s[:q2[i].shape[0], :k2[j].shape[0]])
+                    dp = scores(do[i], v2[j].T)
                     matmul(s_ij.T, do[i]), matmul(dp.T, q2[i]), matmul(dp, k2[j])
         return run
 
@@ -406,53 +454,61 @@ def one_head(n: int, blocks: dict, repeats: int) -> dict[str, float]:
     ag_step = AgAttention(flash_attention, inputs, False, **blocks)
     torch_step = TorchAttention(inputs, False)
     calls = {"flash": lambda: flash_attention(q, k, v, **blocks),
-             "numpy products": products(np, False), "torch products": products(torch, False),
+             "numpy products": products(np, False, classroom), "torch products": products(torch, False),
              "torch": lambda: sdpa(tq4, tk4, tv4),
-             "flash step": ag_step.step, "numpy products step": products(np, True),
+             "flash step": ag_step.step, "numpy products step": products(np, True, classroom),
              "torch products step": products(torch, True), "torch step": torch_step.step}
+    if classroom:
+        calls |= {"float32 products": products(np, False), "float32 products step": products(np, True)}
     threads, workers = torch.get_num_threads(), ag.lab.set_workers(1)
     torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             times = take_turns(calls, repeats, settle=HEAD_SETTLE)
         result = {name: med(t) for name, t in times.items()}
-        result["numpy exp"], result["torch exp"] = exp_rates()
+        result["numpy exp"], result["torch exp"] = exp_rates(base2=not classroom and flash_tiles.EXP2_FAST)
     finally:
         torch.set_num_threads(threads)
         ag.lab.set_workers(workers)
     return result
 
 
-def exp_rates(size: int = 1 << 18) -> tuple[float, float]:
-    """ns an element of the exp flash takes on a bounded tile (exp2 where that is NumPy's fast one,
-    ``ag.flash_tiles.EXP2_FAST``; else exp), in place on ``size`` float32 scores, by NumPy and by
-    torch, on the calling thread: the pass no product hides."""
+def exp_rates(size: int = 1 << 18, base2: bool | None = None) -> tuple[float, float]:
+    """ns an element of the exp flash takes on a bounded tile (the lab's: exp2 where that is NumPy's
+    fast one, ``ag.flash_tiles.EXP2_FAST``, the default of ``base2``; else exp, the classroom's), in
+    place on ``size`` float32 scores, by NumPy and by torch, on the calling thread: the pass no
+    product hides."""
     import torch
     x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
     out = np.empty_like(x)
-    fast = flash_tiles.EXP2_FAST
+    fast = flash_tiles.EXP2_FAST if base2 is None else base2
     numpy_exp, torch_exp = (np.exp2, torch.exp2) if fast else (np.exp, torch.exp)
     tx, tout = torch.from_numpy(x), torch.from_numpy(out)
     return (best_us(lambda: numpy_exp(x, out=out), 20) * 1e3 / size,
             best_us(lambda: torch_exp(tx, out=tout), 20) * 1e3 / size)
 
 
-def print_one_head(n: int, head: dict[str, float]) -> None:
+def print_one_head(n: int, head: dict[str, float], classroom: bool = False) -> None:
     rows = []
     for what, key in (("forward", ""), ("forward + backward", " step")):
         ms = {name: head[name + key] * 1e3 for name in ("flash", "numpy products", "torch products", "torch")}
-        rows.append([what, f"{ms['flash']:.2f}", f"{ms['numpy products']:.2f}", f"{ms['torch products']:.2f}",
+        wide = [f"{head['float32 products' + key] * 1e3:.2f}"] if classroom else []
+        rows.append([what, f"{ms['flash']:.2f}", f"{ms['numpy products']:.2f}", *wide, f"{ms['torch products']:.2f}",
                      f"{ms['flash'] - ms['numpy products']:.2f}", f"{ms['torch']:.2f}", f"{ms['flash'] / ms['torch']:.2f}"])
+    products = (["its products (NumPy's BLAS; S and dP in float64)", "the same in float32 (NumPy's BLAS)"]
+                if classroom else ["its products (NumPy's BLAS)"])
     print_table(f"2c. One head on one thread, non-causal at N = {n} (the worst forward row's N): median ms "
                 f"of {HEAD_REPEATS} runs",
-                ["pass", "flash", "its products (NumPy's BLAS)", "the same products (torch matmul)",
+                ["pass", "flash", *products, "the same products (torch matmul)",
                  "flash beyond its products", "torch SDPA", "flash / torch SDPA"], rows)
-    print(f"   {exp_name()} on one thread: NumPy {head['numpy exp']:.2f} ns an element, torch "
+    print(f"   {exp_name(classroom)} on one thread: NumPy {head['numpy exp']:.2f} ns an element, torch "
           f"{head['torch exp']:.2f}")
 
 
-def exp_name() -> str:
+def exp_name(classroom: bool = False) -> str:
     """The exp a bounded tile takes on this machine, and why."""
+    if classroom:
+        return "exp (the classroom's, every tile)"
     if flash_tiles.EXP2_FAST:
         return "exp2 (NumPy's is SVML's here: AVX-512 on Linux)"
     return "exp (NumPy's exp2 is not its fast one here: no AVX-512, or not Linux)"
@@ -488,10 +544,11 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
              "its two products (QK^T and PV, sgemm with K = d = 64 or with N = d)")
     exp = (f"by {exp_name()}, {head['numpy exp']:.2f} ns an element against torch's "
            f"{head['torch exp']:.2f}")
+    shift = ("with the fixed shift, no max or subtract pass" if KERNELS.flash_passes is lab_flash.fixed_shift_passes
+             else "after the row max and the subtract of the running max")
     passes = (f"the forward's exp pass and the backward's over each tile (P = e^(S - L) {exp}; dS = P * (dP - D)), "
               "the adds into dK, dV and dQ" if step else
-              f"the exp pass over each tile ({exp}; with the default fixed shift, no max or subtract pass) "
-              "and its row sum")
+              f"the exp pass over each tile ({exp}; {shift}) and its row sum")
     limit = (f"one head on one thread (2c, N = {n}{', forward + backward' if step else ''}): flash "
              f"{flash * 1e3:.2f} ms against torch SDPA's {sdpa * 1e3:.2f}; {which} take "
              f"{products * 1e3:.2f} ms, {blas:.2f} x torch's matmul on the same tiles, and the rest "
@@ -510,6 +567,51 @@ def torch_limit(n: int, head: dict[str, float], step: bool = False) -> str:
         limit += ("; on the AMD EPYC (Zen 5), AVX2 (Haswell) kernels took the products 1.8 x as long as "
                   "OpenBLAS's own pick, AVX-512 (SkylakeX): BENCHMARKS.md")
     return limit
+
+
+def print_classroom_goals(forward_rows: list, step_rows: list, n: int, head: dict[str, float]) -> None:
+    """The classroom's goal lines (issue 49), forward and step: flash / torch SDPA on every row, flash /
+    naive on the rows from N = ``CLASSROOM_NAIVE_FROM``; each limit from table 2c (at ``n``, ``head``)."""
+    print()
+    for what, rows, step in (("forward", forward_rows, False), ("forward + backward", step_rows, True)):
+        judged = [r for r in rows if int(r[0]) >= CLASSROOM_NAIVE_FROM]
+        if judged:
+            worst = max(judged, key=lambda r: float(r[8]))
+            goal(f"classroom flash / naive, {what}, worst of {len(judged)} rows from N = {CLASSROOM_NAIVE_FROM} "
+                 f"(N = {worst[0]}, {worst[1]})", float(worst[8]), CLASSROOM_NAIVE_GOAL,
+                 limited_by=classroom_limit(n, head, step, "naive"))
+        else:
+            print(f"classroom flash / naive, {what}: no row from N = {CLASSROOM_NAIVE_FROM}, where the goal is set")
+        worst = max(rows, key=lambda r: float(r[10]))
+        goal(f"classroom flash / torch SDPA, {what}, worst of {len(rows)} rows (N = {worst[0]}, {worst[1]})",
+             float(worst[10]), CLASSROOM_TORCH_GOAL, limited_by=classroom_limit(n, head, step, "torch SDPA"))
+
+
+def classroom_limit(n: int, head: dict[str, float], step: bool, peer: str) -> str:
+    """What limits the classroom's flash against ``peer`` ("naive" or "torch SDPA"), in the forward or
+    (``step``) forward + backward: the threads each runs on in tables 2a and 2b, and from the one-head
+    measurement on one thread (table 2c, ``one_head(..., classroom=True)``) its float64 products and
+    the unfused passes outside them."""
+    import torch
+    from mlp import numpy_blas_threads
+    key = " step" if step else ""
+    flash, wide, narrow, torch_products, sdpa = (head[x + key] * 1e3 for x in (
+        "flash", "numpy products", "float32 products", "torch products", "torch"))
+    threads = (f"naive's products on NumPy's BLAS's {numpy_blas_threads()[0]} threads" if peer == "naive" else
+               f"torch SDPA on its {torch.get_num_threads()} threads")
+    which = "S = QK^T and dP = dO V^T" if step else "S = QK^T"
+    passes = "the row max, the subtract, the exp, the row sum, acc's rescaling"
+    if step:
+        passes += ("; in backward the exp again, D = rowsum(dO * O) in float64, dS = P * (dP - D) and the adds "
+                   "into dK, dV and dQ")
+    return (f"flash runs on one thread with BLAS held to one, {threads} (2a, 2b); on one thread each "
+            f"(2c, N = {n}{', forward + backward' if step else ''}) flash takes {flash:.2f} ms against torch "
+            f"SDPA's {sdpa:.2f} ({flash / sdpa:.2f} x): its products {wide:.2f} ms with {which} in float64 for "
+            f"float32 inputs (lecture 4.5), {wide / narrow:.2f} x the same products in float32 ({narrow:.2f} ms; "
+            f"torch's matmul {torch_products:.2f}), and the rest {flash - wide:.2f} ms, where torch SDPA spends "
+            f"{sdpa - torch_products:.2f} beyond the same products: the unfused passes over each tile ({passes}), "
+            "a NumPy call each, the casts to float64 and back, and the Python between calls; NumPy's exp takes "
+            f"{head['numpy exp']:.2f} ns an element on one thread, torch's {head['torch exp']:.2f}")
 
 
 # ---- 3. peak memory of one step ----
@@ -624,7 +726,7 @@ def tile_arrays(block_q: int, block_k: int, heads: int, seed: int = 0) -> dict[s
 
 
 def run_heads(block_q: int, block_k: int) -> int:
-    """The heads one run holds with these tiles (``ag.attention.sharing.plan_runs``, B = 1)."""
+    """The heads one run holds with these tiles (``ag.lab.sharing.plan_runs``, B = 1)."""
     head_bytes = block_q * block_k * np.dtype(np.float32).itemsize
     return sharing.plan_runs((B,), H, head_bytes, workers=1)[0].heads
 
@@ -778,6 +880,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.heads < 1:
         parser.error(f"--heads must be a positive number of heads, got {args.heads}")
+    if args.classroom and args.fixed_shift:
+        parser.error("--fixed-shift is the lab's forward: it cannot run with --classroom")
     if args.quick:
         args.sizes, args.repeats, args.naive_repeats = [256, 512, 1024], [3] * 3, [3] * 3
         args.sweep_n, args.sweep_repeats, args.anatomy_n, args.anatomy_number = [512, 1024], [2, 2], 1024, 5
@@ -798,7 +902,10 @@ def main() -> None:
     args = parse_args()
     H, Q_SCALE = args.heads, args.q_scale
     blocks = {"block_q": args.block_q, "block_k": args.block_k}
-    if not args.classroom:  # the memory workers, started later, inherit AG_LAB
+    if args.classroom:  # the memory workers, started later, inherit AG_LAB
+        os.environ["AG_LAB"] = "0"
+        ag.lab.disable()
+    else:
         os.environ["AG_LAB"] = "1"
         ag.lab.enable()
         if args.fixed_shift:
@@ -810,8 +917,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
     print(f"Attention: B={B}, H={H}, d={D}, float32, N in {args.sizes}; flash on "
-          f"{'the classroom path' if args.classroom else 'the lab (ag.lab)'}, tiles {tiles_label(blocks)} "
-          f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None})})"
+          f"{'the classroom path' if args.classroom else 'the lab (ag.lab)'}, tiles {tiles_label(blocks, args.classroom)} "
+          f"(ag's defaults: {tiles_label({'block_q': None, 'block_k': None}, args.classroom)})"
           + (f"; q x {Q_SCALE:g} (peaked scores)" if Q_SCALE != 1 else ""))
     for line in machine_lines():
         print(line)

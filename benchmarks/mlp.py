@@ -144,11 +144,12 @@ def check_same_result(a: AgMLP, t: TorchMLP) -> float:
 def products_alone(triples: list[tuple[np.ndarray, np.ndarray, np.ndarray]], times: int = 1,
                    no_input_grad: frozenset[int] = frozenset()) -> dict[str, Callable[[], object]]:
     """Products of linear maps alone, the same arrays and layouts three ways: on NumPy's BLAS in one
-    call each ("numpy products"), as ag's ops run them ("ag products": a large one in row blocks on
-    ag's op threads, one BLAS thread each; ``ag.set_workers``) and on torch's matmul ("torch
-    products"). For each (x, w, dy): x w, then dy wᵀ (the input's grad, unless its index is in
-    ``no_input_grad``) and xᵀ dy (the weight's grad); all of it ``times`` over. Stacks of matrices
-    work too (w and dy transposed in their last two axes)."""
+    call each ("numpy products"), as ag's ops run them ("ag products": one np.matmul each on the
+    classroom path; with the lab on, a large one in row blocks on its threads, one BLAS thread each,
+    ``ag.set_workers``) and on torch's matmul ("torch products"). For each (x, w, dy): x w, then
+    dy wᵀ (the input's grad, unless its index is in ``no_input_grad``) and xᵀ dy (the weight's
+    grad); all of it ``times`` over. Stacks of matrices work too (w and dy transposed in their last
+    two axes)."""
     import torch
     tensors = [tuple(torch.from_numpy(a) for a in triple) for triple in triples]
     wrapped = [tuple(ag.Tensor(a) for a in triple) for triple in triples]
@@ -372,9 +373,10 @@ def profile(dtype: str, args, steps: int = 3) -> None:
 
 def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float, torch_products: float,
                ag_products: float) -> str:
-    """What a missed time goal is limited by, from the step's products timed alone (``products_alone``):
-    NumPy's BLAS, where one call each is slower than torch's matmul; else ag's row blocks, where the
-    products as ag runs them are slower than both; else the rest of the step."""
+    """What a missed time goal of the classroom's step is limited by, from the step's products timed
+    alone (``products_alone``): NumPy's BLAS, where one call each is slower than torch's matmul; else
+    ag's matmul around the product, where the products as ag runs them are slower than both; else the
+    rest of the step."""
     blas = f"{numpy_blas_name()}, {numpy_blas_kernels()}"
     share = f"the step's {count} products alone take {numpy_products:.1f} ms of ag's {ag_ms:.0f} on NumPy's BLAS"
     rest = f"{ag_ms - ag_products:.1f} ms outside them against torch's {torch_ms - torch_products:.1f}"
@@ -384,8 +386,9 @@ def time_limit(count: int, ag_ms: float, torch_ms: float, numpy_products: float,
                 f"them; {rest})")
     if ag_products > max(numpy_products, torch_products) * 1.02:
         return (f"{share}, no slower than torch's matmul ({torch_products:.1f} ms), but {ag_products:.1f} ms "
-                f"as ag runs them, in row blocks on its op threads with one BLAS thread each "
-                f"({ag_products / numpy_products:.2f} x one call on BLAS's own threads): the blocks first ({rest})")
+                f"as ag's matmul runs them, one np.matmul each on Tensors "
+                f"({ag_products / numpy_products:.2f} x one call on NumPy's BLAS): ag's op around the product "
+                f"first ({rest})")
     return (f"{share}, no slower than torch's matmul ({torch_products:.1f} ms), {ag_products:.1f} ms as ag runs "
             f"them: the rest of ag's step, {rest}")
 

@@ -63,6 +63,11 @@ def test_a_missed_attention_goal_names_the_limit_that_table_2c_measured():
     assert "2.61 ns an element against torch's 1.08" in text and bench.exp_name() in text
     assert "the rest 1.35 ms (40% of torch SDPA's whole head), where torch SDPA spends 0.40 ms beyond" in text
     assert "passes outside them are the limit" in text and "slower than torch's" not in text
+    assert "after the row max and the subtract of the running max" in text and "fixed shift" not in text
+    with ag.lab.on():  # the lab's default runs the paper's loops; the fixed shift only when swapped in
+        assert "fixed shift" not in bench.torch_limit(1024, at_parity)
+        bench.seams.swap({"flash_passes": bench.lab_flash.fixed_shift_passes})
+        assert "with the fixed shift, no max or subtract pass" in bench.torch_limit(1024, at_parity)
     slow_blas = dict(at_parity, **{"numpy products": 5.4e-3, "flash": 6.7e-3})
     text = bench.torch_limit(1024, slow_blas)
     assert "1.83 x torch's matmul" in text and "NumPy's BLAS is slower than torch's on these tiles" in text
@@ -71,6 +76,78 @@ def test_a_missed_attention_goal_names_the_limit_that_table_2c_measured():
     text = bench.torch_limit(1024, {**at_parity, **step}, step=True)
     assert "(2c, N = 1024, forward + backward): flash 8.70 ms against torch SDPA's 6.70" in text
     assert "its seven products a tile" in text and "the rest 2.70 ms" in text and "spends 0.80 ms beyond" in text
+
+
+def _classroom_head() -> dict[str, float]:
+    """Table 2c's figures on the classroom path, in seconds (ns for the exp)."""
+    head = {"flash": 4.0e-3, "numpy products": 2.0e-3, "float32 products": 1.25e-3, "torch products": 1.2e-3,
+            "torch": 2.0e-3, "numpy exp": 0.6, "torch exp": 0.3}
+    return head | {name + " step": 3 * t for name, t in head.items() if "exp" not in name}
+
+
+def _row(n: int, mask: str, to_naive: float, to_torch: float) -> list[str]:
+    return [str(n), mask, "1", "1", "1", "1", "1", "1", f"{to_naive}", "", f"{to_torch}", "", "", "", ""]
+
+
+def test_classroom_goal_lines_judge_the_classrooms_goals_on_the_rows_they_are_set_for(capsys):
+    """``--classroom``: flash <= 2 x torch SDPA on every row; flash faster than naive only from N = 1024,
+    forward and step alike (issue 49), not against the lab's 1.2, 1.3 and stretch 1.0."""
+    bench = _attention_benchmark()
+    rows = [_row(256, "causal", 1.9, 2.5), _row(1024, "non-causal", 0.4, 1.5), _row(1024, "causal", 0.9, 1.8)]
+    bench.print_classroom_goals(rows, rows, 1024, _classroom_head())
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("goal")]
+    assert len(lines) == 4 and not any("stretch" in line for line in lines)
+    naive = "goal: classroom flash / naive, forward, worst of 2 rows from N = 1024 (N = 1024, causal) = 0.90"
+    assert lines[0].startswith(naive) and lines[0].endswith("(goal <= 1): met")
+    assert lines[1].startswith("goal: classroom flash / torch SDPA, forward, worst of 3 rows (N = 256, causal) = 2.50 "
+                               "(goal <= 2): missed; limited by ")
+    assert lines[3].startswith("goal: classroom flash / torch SDPA, forward + backward")
+    rows = [_row(512, "causal", 1.9, 1.5)]
+    bench.print_classroom_goals(rows, rows, 512, _classroom_head())
+    out = capsys.readouterr().out
+    assert "goal: classroom flash / naive" not in out and "no row from N = 1024, where the goal is set" in out
+
+
+def test_a_missed_classroom_goal_names_the_classrooms_limits_from_table_2c(torch_or_skip):
+    """The classroom's limit: one thread against torch's threads (or naive's BLAS threads), the float64
+    products with 2c's figures, the unfused passes; nothing of the lab (fixed shift, exp2, its threads)."""
+    bench = _attention_benchmark()
+    head = _classroom_head()
+    text = bench.classroom_limit(1024, head, False, "torch SDPA")
+    assert text.startswith("flash runs on one thread with BLAS held to one, torch SDPA on its "
+                           f"{torch_or_skip.get_num_threads()} threads (2a, 2b)")
+    assert "(2c, N = 1024) flash takes 4.00 ms against torch SDPA's 2.00 (2.00 x)" in text
+    assert ("its products 2.00 ms with S = QK^T in float64 for float32 inputs (lecture 4.5), 1.60 x the same "
+            "products in float32 (1.25 ms; torch's matmul 1.20), and the rest 2.00 ms") in text
+    assert "spends 0.80 beyond the same products: the unfused passes over each tile" in text
+    assert text.endswith("NumPy's exp takes 0.60 ns an element on one thread, torch's 0.30")
+    assert not any(word in text for word in ("fixed shift", "exp2", "GIL", "Two threads"))
+    text = bench.classroom_limit(1024, head, True, "naive")
+    assert "naive's products on NumPy's BLAS's" in text and "S = QK^T and dP = dO V^T in float64" in text
+    assert "(2c, N = 1024, forward + backward) flash takes 12.00 ms" in text and "D = rowsum(dO * O)" in text
+
+
+def test_classroom_rows_and_tiles_are_the_classrooms(capsys):
+    """A classroom row's verdicts are the classroom's (none for naive below N = 1024), and its tiles
+    are ``tiled_passes``'s: 256 x 256, 64 query rows in backward, no wider unmasked forward."""
+    bench = _attention_benchmark()
+    times = {f"{name} step": [t] for name, t in (("flash", 1.0), ("naive", 0.5), ("torch", 0.45))}
+    small, large = (bench.time_row(n, False, "step", times, 3.5, classroom=True) for n in (512, 1024))
+    assert small[8:12] == ["2.00", "-", "2.22", "missed"] and large[8:12] == ["2.00", "missed", "2.22", "missed"]
+    assert bench.time_row(1024, False, "step", times, 3.5)[8:12] == ["2.00", "missed", "2.22", "missed"]
+    assert len(bench.CLASSROOM_TIME_HEADER) == len(bench.TIME_HEADER) == len(large)
+    defaults = {"block_q": None, "block_k": None}
+    assert bench.tiles_label(defaults, classroom=True) == "256 x 256 (64 x 256 in backward)"
+    assert bench.tiles_label(defaults) == "256 x 256 (512 x 512 in a forward without a mask)"
+    assert bench.flash_tiles_of({"block_q": None, "block_k": 128}, True, True) == ((256, 128), (64, 128))
+
+
+def test_table_2c_on_the_classroom_path_times_its_products_also_in_float32(torch_or_skip):
+    bench = _attention_benchmark()
+    head = bench.one_head(200, {"block_q": 64, "block_k": 128}, repeats=1, classroom=True)
+    names = {"flash", "numpy products", "float32 products", "torch products", "torch"}
+    assert set(head) == names | {name + " step" for name in names} | {"numpy exp", "torch exp"}
+    assert all(t > 0 for t in head.values())
 
 
 def test_table_2c_times_one_head_with_edge_tiles(torch_or_skip):
@@ -140,14 +217,16 @@ def test_a_missed_mlp_time_goal_names_the_blas_only_when_its_products_are_slower
     assert "no slower than torch's matmul (12.1 ms), 12.2 ms as ag runs them: the rest of ag's step, 6.8 ms" in same_blas
 
 
-def test_a_missed_mlp_time_goal_names_ags_blocks_when_slower_than_one_call():
-    """On an Intel Xeon ag's row blocks (one BLAS thread each) took an MLP's products 1.2 x as long as one
-    call on OpenBLAS's own threads: the rest of the step must not be blamed for that."""
+def test_a_missed_mlp_time_goal_names_ags_matmul_when_slower_than_one_call():
+    """The classroom's step (the row its time goal judges) makes each product one np.matmul: where ag's
+    products take longer than one call each, the limit is ag's op around the product, never the lab's
+    row blocks, and the rest of the step is not blamed for it."""
     import mlp
     text = mlp.time_limit(29, 1073.0, 1008.0, 840.0, 850.0, 1000.0)
-    assert "but 1000.0 ms as ag runs them, in row blocks on its op threads" in text
-    assert ("(1.19 x one call on BLAS's own threads): the blocks first "
+    assert "but 1000.0 ms as ag's matmul runs them, one np.matmul each on Tensors" in text
+    assert ("(1.19 x one call on NumPy's BLAS): ag's op around the product first "
             "(73.0 ms outside them against torch's 158.0)") in text
+    assert "blocks" not in text and "threads" not in text
 
 
 def test_the_mlp_time_rows_limit_quotes_the_products_its_row_shows(torch_or_skip):
@@ -182,11 +261,29 @@ def test_a_missed_transformer_time_goal_names_the_blas_only_when_the_products_al
     assert "against 950 on torch's matmul (1.37 x), the same shapes, and 1310 as ag runs them" in text
     assert "ag's step without recomputation takes 346 ms" in text
     assert text.endswith("full reruns some of them")
-    text = transformer.time_limit(72, "none", dict(med, **{"numpy products": 0.94, "ag products": 0.95}))
+    text = transformer.time_limit(72, "none", dict(med, **{"numpy products": 0.94, "ag products": 0.95}), lab=True)
     assert text.startswith("the passes outside the products (outside them ag's step without recomputation takes 706 ms")
-    text = transformer.time_limit(72, "selective", dict(med, **{"numpy products": 0.94}))
+    assert text.endswith(transformer.LIMITS["time"])
+    text = transformer.time_limit(72, "selective", dict(med, **{"numpy products": 0.94}), lab=True)
     assert text.startswith("ag's blocks first: the 72 products of a step without recomputation take 1310 ms as ag runs")
     assert "against 940 in one call each on NumPy's BLAS and 950 on torch's matmul" in text
+
+
+def test_a_missed_classroom_transformer_time_goal_names_the_classrooms_limits():
+    """On the classroom path (the default) the step's goal is 1.5 x torch (issue 49), and its limit
+    speaks of one np.matmul a product and passes on one core, never of the lab's blocks or threads."""
+    import transformer
+    assert not ag.lab.enabled() and transformer.time_goal() == 1.5
+    with ag.lab.on():
+        assert transformer.time_goal() == 1.10
+    med = {"ag none": 1.656, "torch none": 1.199, "numpy products": 0.94, "torch products": 0.95,
+           "ag products": 0.95}
+    text = transformer.time_limit(72, "none", med)
+    assert text.endswith(transformer.CLASSROOM_TIME_LIMIT) and "ag.set_workers" not in text
+    text = transformer.time_limit(72, "selective", dict(med, **{"ag products": 1.31}))
+    assert text.startswith("ag's ops around the products first: the 72 products of a step without recomputation "
+                           "take 1310 ms as ag's matmul runs them (one np.matmul each, on Tensors)")
+    assert "blocks" not in text
 
 
 def test_blas_swap_runs_every_tile_product_on_torch_and_puts_numpy_back(torch_or_skip, monkeypatch):
@@ -262,3 +359,17 @@ def test_blas_swap_exp_runs_every_score_tiles_exp_in_the_c_loop_and_puts_numpy_b
     assert np.float32 not in in_place
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_run_all_runs_attention_on_both_paths_each_against_its_goals():
+    """``run_all.py`` gathers the classroom's attention goals too: attention.py runs once with the lab
+    on (its default) and once with ``--classroom``, which skips the lab's tile tables."""
+    import run_all
+    lab, classroom = (run_all.command_for(script, quick, False)[1:] for script, quick in
+                      (("attention.py", True), ("attention.py --classroom", True)))
+    assert lab[1:] == ["--quick", "--skip", "sweep,anatomy"] and "--classroom" not in lab
+    assert classroom[1:] == ["--classroom", "--quick", "--skip", "sweep,memory,anatomy,variants"]
+    assert lab[0] == classroom[0] and lab[0].endswith("attention.py")
+    assert run_all.command_for("attention.py --classroom", False, False)[2:] == [
+        "--classroom", "--skip", "sweep,anatomy,variants"]
+    assert run_all.command_for("mlp.py", False, True)[2:] == ["--busy", "--dtypes", "float32"]

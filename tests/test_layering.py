@@ -470,3 +470,88 @@ def test_every_module_uses_only_modules_above_it_in_the_readme_map():
     upward = {(user, used) for user, uses in _readme_map().items() for used in uses
               if order.index(used) > order.index(user)}
     assert upward == set()
+
+
+# ---- rule e: no import circles among modules, and no import of ag hidden inside a function ----
+
+# (file, the ag module it imports inside a function): why it waits for the call
+OPTIONAL_IMPORTS = {("ag/attention/flash.py", "ag.attention.gpu"): "CuPy, which backend='cupy' alone needs"}
+
+
+def _ag_modules_imported(path: str, node: ast.Import | ast.ImportFrom, modules: frozenset[str]) -> set[str]:
+    """The ag modules (of ``modules``) an import binds or runs: ``from .. import hooks`` in
+    ``ag/ops/x.py`` is ag.hooks."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        source = _imported_from(path, node)
+        names = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+    return {name for name in names if _is_ag(name) and name in modules}
+
+
+def import_edges(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Each module of ``sources`` ({path: source}) and the ag modules it imports anywhere in it, but
+    the edges between a package and its own modules (a package re-exports what its modules define)."""
+    edges, modules = {}, frozenset(_module_of(path) for path in sources)
+    for path, source in sources.items():
+        module, tree = _module_of(path), ast.parse(source)
+        hidden = _type_checking_only(tree)
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in hidden:
+                found |= _ag_modules_imported(path, node, modules)
+        edges[module] = {m for m in found if m != module and not module.startswith(m + ".")
+                         and not (path.endswith("__init__.py") and m.startswith(module + "."))}
+    return edges
+
+
+def import_circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that reach themselves through ``edges``, as one sorted list per circle."""
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), list(edges.get(start, ()))
+        while stack:
+            module = stack.pop()
+            if module not in seen:
+                seen.add(module)
+                stack.extend(edges.get(module, ()))
+        return seen
+    reached = {module: reach(module) for module in edges}
+    circles = {tuple(sorted(m for m in reached[module] if module in reached[m]))
+               for module in edges if module in reached[module]}
+    return sorted(map(list, circles))
+
+
+def imports_inside_functions(path: str, source: str, modules: frozenset[str] = MODULES) -> list[tuple[str, str]]:
+    """(``file:line``, module) of every import of an ag module (of ``modules``) inside a function."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    found += [(f"{path}:{node.lineno}", m) for m in sorted(_ag_modules_imported(path, node, modules))]
+    return sorted(set(found))
+
+
+def test_no_module_reaches_itself_through_imports():
+    sources = {_relative(p): p.read_text() for p in SOURCES}
+    assert import_circles(import_edges(sources)) == []
+
+
+def test_imports_of_ag_inside_functions_are_only_for_optional_dependencies():
+    found = {(site.partition(":")[0], module) for path in SOURCES
+             for site, module in imports_inside_functions(_relative(path), path.read_text())}
+    assert found <= set(OPTIONAL_IMPORTS), sorted(found - set(OPTIONAL_IMPORTS))
+    assert len(OPTIONAL_IMPORTS) <= 3
+
+
+def test_import_circles_finds_a_circle_through_a_function_level_import_and_not_a_package_reexport():
+    sources = {"ag/remat/graph.py": "from .execute import run\n",
+               "ag/remat/execute.py": "def f():\n    from .model import simulate\n",
+               "ag/remat/model.py": "from . import graph\n",
+               "ag/remat/__init__.py": "from .graph import x\n",
+               "ag/tensor.py": "import numpy\n"}
+    edges = import_edges(sources)
+    assert edges["ag.remat"] == set() and edges["ag.remat.execute"] == {"ag.remat.model"}
+    assert import_circles(edges) == [["ag.remat.execute", "ag.remat.graph", "ag.remat.model"]]
+    assert imports_inside_functions("ag/remat/execute.py", sources["ag/remat/execute.py"], frozenset(edges)) == [
+        ("ag/remat/execute.py:2", "ag.remat.model")]

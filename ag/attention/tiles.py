@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
+from .. import hooks
 from ..modes import config
-from ..trace import count_matmul
 from .shapes import Heads
 from .variants import Variants, bh_index
 
@@ -192,9 +192,12 @@ class Tiles:
         return [slice(k, min(k + self.block_k, self.heads.n_k)) for k in self.key_tiles(q_start, q_stop)]
 
     def count_products(self, per_tile: int, keys=None) -> None:
-        """Tell ``count_ops`` about ``per_tile`` (rows × d)·(d × cols) products on every visited
-        tile of every query head: 2·rows·cols·d FLOPs each, as ``_mm`` counts a matmul. ``keys``:
-        the key slices visited for rows q_start..q_stop-1 (``visited_keys`` if None)."""
+        """Publish "product counted" (``count_ops`` subscribes) for ``per_tile`` (rows × d)·(d × cols)
+        products on every visited tile of every query head: 2·rows·cols·d FLOPs each, as matmul
+        counts one. ``keys``: the key slices visited for rows q_start..q_stop-1 (``visited_keys`` if
+        None)."""
+        if not config.watchers:  # the engine publishes only while something watches
+            return
         h, keys = self.heads, keys or self.visited_keys
         area = 0
         for q0 in range(0, h.n_q, self.block_q):
@@ -202,7 +205,7 @@ class Tiles:
             area += (q1 - q0) * sum(c.stop - c.start for c in keys(q0, q1))
         heads = math.prod(h.lead) * h.h
         for _ in range(per_tile):
-            count_matmul(config.phase, 2 * area * h.d * heads)
+            hooks.publish("product counted", config.phase, 2 * area * h.d * heads)
 
     def masked(self, q_start: int, k_start: int, cols: int) -> bool:
         """Does the causal mask hide some of the ``cols`` keys from k_start on from some query of the

@@ -82,7 +82,7 @@ def dynamic_graph(graph: Graph, budget_bytes: int, *, heuristic: str = "dtr_eq")
     with traced(graph) as measured:
         dtr = GraphDTR(graph, int(budget_bytes), heuristic, Run(graph, record=True))
         dtr.run()
-        predicted, evictions, R, S = dtr.run_.memory.peak, dtr.evictions, dtr.run_.R, dtr.run_.S
+        predicted, evictions, R, S = dtr.runner.memory.peak, dtr.evictions, dtr.runner.R, dtr.runner.S
         del dtr
     return DynamicRun(measured.peak_bytes, int(predicted), measured.recompute_flops, evictions,
                       int(budget_bytes), heuristic, time.perf_counter() - start, ran(graph, R, S, heuristic))
@@ -124,10 +124,11 @@ def h_dtr(cost: float, size: int, staleness: int) -> float:
 
 
 class GraphDTR:
-    """The run-time state: what is resident, what will still be read, and the eviction classes."""
+    """The run-time state: what is resident, what will still be read, and the eviction classes;
+    ``runner`` computes and frees the values (``execute.Run``, or a replay that only records)."""
 
-    def __init__(self, graph: Graph, budget: int, heuristic: str, run) -> None:
-        self.graph, self.budget, self.heuristic, self.run_ = graph, budget, heuristic, run
+    def __init__(self, graph: Graph, budget: int, heuristic: str, runner) -> None:
+        self.graph, self.budget, self.heuristic, self.runner = graph, budget, heuristic, runner
         n = graph.n
         self.uses = [len(graph.users[i]) for i in range(n)]  # forward reads still to come
         for step in graph.steps:
@@ -145,7 +146,7 @@ class GraphDTR:
         self.evictions = 0
 
     def run(self) -> None:
-        g, run = self.graph, self.run_
+        g, run = self.graph, self.runner
         for t in range(g.n):
             run.memory.stage(t)
             pinned = g.with_bases(g.nodes[t].deps) | {t}
@@ -168,7 +169,7 @@ class GraphDTR:
 
     def ensure(self, i: int, pinned: set[int]) -> None:
         """Make node i resident, recomputing its evicted inputs first."""
-        if i in self.run_.resident:
+        if i in self.runner.resident:
             self.touch(i)
             return
         node = self.graph.nodes[i]
@@ -176,7 +177,7 @@ class GraphDTR:
         for d in node.deps:
             self.ensure(d, inner)
         self.make_room(node.size + node.workspace_bytes, inner)
-        self.run_.compute(i)
+        self.runner.compute(i)
         self.evicted.discard(i)
         self.touch(i)
 
@@ -191,11 +192,11 @@ class GraphDTR:
             for d in g.with_bases(g.nodes[forward_use_of].deps):
                 self.uses[d] -= 1
         for i in sorted(nodes, reverse=True):  # views before their bases
-            if self.uses[i] <= 0 and i in self.run_.resident:
-                self.run_.free(i)
+            if self.uses[i] <= 0 and i in self.runner.resident:
+                self.runner.free(i)
 
     def make_room(self, extra: int, pinned: set[int]) -> None:
-        while self.run_.memory.alive + extra > self.budget:
+        while self.runner.memory.alive + extra > self.budget:
             victim = self.victim(pinned)
             if victim is None:
                 return  # everything resident is in use now: run over budget rather than fail
@@ -203,7 +204,7 @@ class GraphDTR:
 
     def victim(self, pinned: set[int]) -> int | None:
         g, best, best_score = self.graph, None, None
-        for i in self.run_.resident:
+        for i in self.runner.resident:
             node = g.nodes[i]
             if i in pinned or node.view_of is not None or node.size == 0:
                 continue
@@ -238,10 +239,10 @@ class GraphDTR:
     def evict(self, i: int) -> None:
         g = self.graph
         for v in g.views(i):
-            if v in self.run_.resident:
-                self.run_.free(v)
+            if v in self.runner.resident:
+                self.runner.free(v)
                 self.evicted.add(v)
-        self.run_.free(i)
+        self.runner.free(i)
         self.evicted.add(i)
         self.evictions += 1
         for e in (*g.nodes[i].deps, *g.users[i]):
