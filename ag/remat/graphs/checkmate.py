@@ -65,7 +65,7 @@ class NoScheduleFits(ValueError):
 
 def _proved_infeasible(graph: Graph, budget: int) -> NoScheduleFits:
     return NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                          f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+                          f"the smallest feasible budget is at least {carry_bound_bytes(graph):,} bytes")
 
 
 class OutOfTime(Exception):
@@ -141,10 +141,10 @@ def _checked(graph: Graph, budget_bytes: int, time_limit: float) -> int:
     if budget < graph.leaf_bytes:
         raise NoScheduleFits(f"checkmate: a budget of {budget:,} bytes is below the {graph.leaf_bytes:,} bytes "
                              "that the inputs and parameters hold by themselves")
-    floor = lower_bound_bytes(graph)
+    floor = carry_bound_bytes(graph)
     if budget < floor:
         raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
-                             f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
+                             f"least {floor:,} bytes (a stage needs that much to make or hold what it reads)")
     return budget
 
 
@@ -350,6 +350,46 @@ def lower_bound_bytes(graph: Graph) -> int:
         floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(n + j) + step.grad_bytes + held
                     + step.extra_bytes)
     return int(floor)
+
+
+def carry_bound_bytes(graph: Graph) -> int:
+    """No schedule peaks below this either, and it is at least ``lower_bound_bytes``. Each stage t
+    has one instant i_t in every schedule (computing node t; backward step t - n), holding at
+    least floor_t (``lower_bound_bytes``' terms) and the set held_t. A value r that i_s reads was
+    made by its last computation, in some stage t in [r, s], and held from there to i_s. Made in
+    a stage t > r, that moment holds fixed_t (leaves, closures' arrays, grads) + r and its inputs
+    + r's workspace; held, r adds size_r at each instant i_u, t ≤ u < s, u ≠ r, that floor_u
+    leaves it out of. So the peak is at least
+
+        max over s and r read at i_s of  min over t in [r, s] of max(make_t(r), carry_t(r, s)),
+        carry_t(r, s) = max over t ≤ u < s, u ≠ r of floor_u + size_r [r ∉ held_u],
+
+    make_r(r) = floor_r. Where a large value cannot be remade late (the grads have grown) nor held
+    across a full instant, this is above ``lower_bound_bytes``."""
+    n, T = graph.n, graph.stages
+    held, floor, fixed = [], [], []
+    for t in range(T):
+        step = graph.steps[t - n] if t >= n else None
+        node = graph.nodes[t] if step is None else None
+        held.append(graph.with_bases(step.reads) if step else graph.with_bases(node.deps) | {t})
+        fixed.append(graph.leaf_bytes + graph.hidden_bytes_at(t) + (step.grad_bytes if step else 0))
+        floor.append(fixed[t] + sum(graph.nodes[i].size for i in held[t])
+                     + (step.extra_bytes if step else node.hidden_bytes + node.workspace_bytes))
+    floor_, fixed_ = np.array(floor, dtype=np.int64), np.array(fixed, dtype=np.int64)
+    bound = int(floor_.max())
+    for s in range(T):
+        for r in held[s]:
+            size = graph.nodes[r].size
+            if not size or s == r:
+                continue
+            make = fixed_[r:s + 1] + size + graph.nodes[r].workspace_bytes \
+                + sum(graph.nodes[d].size for d in graph.with_bases(graph.nodes[r].deps))
+            make[0] = floor_[r]
+            lacks = floor_[r:s] + size * np.array([r not in held[u] for u in range(r, s)])
+            lacks[0] = 0  # instant r is the first making itself
+            carry = np.append(np.maximum.accumulate(lacks[::-1])[::-1], 0)
+            bound = max(bound, int(np.maximum(make, carry).min()))
+    return bound
 
 
 def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set[int], int]]:
