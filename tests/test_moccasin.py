@@ -12,7 +12,8 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, recompute_lower_bound, warm_starts
+from ag.remat.graphs.checkmate import (NoScheduleFits, carry_bound_bytes, dtr_schedule, recompute_lower_bound,
+                                      warm_starts)
 from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop
 from ag.remat.graphs.keep import complete
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
@@ -140,6 +141,16 @@ def test_the_covering_bound_is_never_above_the_brute_force_optimum_and_often_abo
                 assert bound <= best * (1 + 1e-9), (seed, budget, bound, best)
                 above_zero += bound > 0
     assert above_zero >= 3  # a bound of 0 everywhere would pass the line above and say nothing
+
+
+def test_the_covering_bound_counts_a_remake_in_each_window_and_so_reaches_the_brute_force_optimum():
+    """At these tightest budgets a value is remade between several pairs of instants: counted
+    once (x_v alone) the bound is a third to a quarter of the optimum."""
+    for seed in (1, 3, 5):
+        fn, inputs = random_dag(seed, n_ops=6)
+        graph = remat.capture(fn, *inputs)
+        budget = budgets(graph)[0]
+        assert recompute_lower_bound(graph, budget) == pytest.approx(brute_force(graph, budget)), seed
 
 
 def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):
@@ -336,6 +347,32 @@ def test_a_budget_below_the_lower_bound_names_it_and_is_proved_infeasible_for_ev
         with pytest.raises(NoScheduleFits, match=f"smallest feasible budget is at least {floor:,} bytes") as proof:
             solver(graph, floor - 1)
         assert proof.value.intervals is None  # proved for every schedule
+
+
+def test_the_carry_bound_is_never_above_the_brute_force_smallest_peak_and_sometimes_above_the_lower_bound():
+    above = 0
+    for seed, n_ops in ((0, 5), (1, 5), (16, 6)):
+        fn, inputs = random_dag(seed, n_ops)
+        graph = remat.capture(fn, *inputs)
+        bound = carry_bound_bytes(graph)
+        assert bound >= remat.lower_bound_bytes(graph)
+        assert brute_force(graph, bound - 1) is None, (seed, bound)  # no schedule at all fits below it
+        if bound > remat.lower_bound_bytes(graph):
+            above += 1
+            assert brute_force(graph, bound) is not None  # here some schedule reaches it
+    assert above >= 1  # equal to the lower bound everywhere, the lines above would test nothing new
+
+
+def test_a_one_layer_transformer_keeping_nothing_peaks_at_the_carry_bound_above_the_lower_bound():
+    """The lower bound is no schedule's peak here; the carry bound is one's: it cannot be lower."""
+    fn, inputs = examples.transformer(layers=1)
+    graph = remat.capture(fn, *inputs)
+    nothing = complete(graph, np.zeros((graph.stages, graph.n), dtype=bool), "keep nothing")
+    assert nothing.predicted_peak_bytes == carry_bound_bytes(graph) > remat.lower_bound_bytes(graph)
+    for solver in (remat.moccasin, remat.checkmate):
+        with pytest.raises(NoScheduleFits, match=f"at least {carry_bound_bytes(graph):,} bytes") as proof:
+            solver(graph, remat.lower_bound_bytes(graph), time_limit=10)
+        assert proof.value.intervals is None  # proved for every schedule, before any search
 
 
 @pytest.mark.parametrize("intervals", [0, -2, 1.5, "2"])

@@ -40,7 +40,7 @@ from .chains.plans import STRATEGIES, mode_for, plan
 from .chains.sequential import Layer, sequential
 from .graphs import examples
 from .graphs.capture import capture
-from .graphs.checkmate import checkmate, lower_bound_bytes
+from .graphs.checkmate import carry_bound_bytes, checkmate, lower_bound_bytes
 from .graphs.dtr import HEURISTICS, DynamicRun, dynamic
 from .graphs.execute import Execution, execute
 from .graphs.graph import BackwardStep, CaptureError, Graph, Node
@@ -54,6 +54,6 @@ from .graphs.schedule import Schedule
 
 __all__ = ["HEURISTICS", "STRATEGIES", "BackwardStep", "CaptureError", "ChainProfile", "DynamicRun", "Execution",
            "Graph", "Layer", "Node", "Prediction", "Revolve", "Schedule", "ScheduleError", "as_profile",
-           "binomial_forwards", "capture", "chain_schedule", "checkmate", "checkpoint", "dp_forwards", "dynamic",
+           "binomial_forwards", "capture", "carry_bound_bytes", "chain_schedule", "checkmate", "checkpoint", "dp_forwards", "dynamic",
            "execute", "from_keep", "lower_bound_bytes", "moccasin", "mode_for", "nemo", "one_level_forwards", "plan", "predict",
            "profile", "revolve", "sequential", "sequential_schedule", "simulate"]

@@ -65,7 +65,7 @@ class NoScheduleFits(ValueError):
 
 def _proved_infeasible(graph: Graph, budget: int) -> NoScheduleFits:
     return NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes (HiGHS proved it infeasible); "
-                          f"the smallest feasible budget is at least {lower_bound_bytes(graph):,} bytes")
+                          f"the smallest feasible budget is at least {carry_bound_bytes(graph):,} bytes")
 
 
 class OutOfTime(Exception):
@@ -141,10 +141,10 @@ def _checked(graph: Graph, budget_bytes: int, time_limit: float) -> int:
     if budget < graph.leaf_bytes:
         raise NoScheduleFits(f"checkmate: a budget of {budget:,} bytes is below the {graph.leaf_bytes:,} bytes "
                              "that the inputs and parameters hold by themselves")
-    floor = lower_bound_bytes(graph)
+    floor = carry_bound_bytes(graph)
     if budget < floor:
         raise NoScheduleFits(f"checkmate: no schedule fits {budget:,} bytes; the smallest feasible budget is at "
-                             f"least {floor:,} bytes (one stage needs that much even keeping nothing else)")
+                             f"least {floor:,} bytes (a stage needs that much to make or hold what it reads)")
     return budget
 
 
@@ -352,6 +352,46 @@ def lower_bound_bytes(graph: Graph) -> int:
     return int(floor)
 
 
+def carry_bound_bytes(graph: Graph) -> int:
+    """No schedule peaks below this either, and it is at least ``lower_bound_bytes``. Each stage t
+    has one instant i_t in every schedule (computing node t; backward step t - n), holding at
+    least floor_t (``lower_bound_bytes``' terms) and the set held_t. A value r that i_s reads was
+    made by its last computation, in some stage t in [r, s], and held from there to i_s. Made in
+    a stage t > r, that moment holds fixed_t (leaves, closures' arrays, grads) + r and its inputs
+    + r's workspace; held, r adds size_r at each instant i_u, t ≤ u < s, u ≠ r, that floor_u
+    leaves it out of. So the peak is at least
+
+        max over s and r read at i_s of  min over t in [r, s] of max(make_t(r), carry_t(r, s)),
+        carry_t(r, s) = max over t ≤ u < s, u ≠ r of floor_u + size_r [r ∉ held_u],
+
+    make_r(r) = floor_r. Where a large value cannot be remade late (the grads have grown) nor held
+    across a full instant, this is above ``lower_bound_bytes``."""
+    n, T = graph.n, graph.stages
+    held, floor, fixed = [], [], []
+    for t in range(T):
+        step = graph.steps[t - n] if t >= n else None
+        node = graph.nodes[t] if step is None else None
+        held.append(graph.with_bases(step.reads) if step else graph.with_bases(node.deps) | {t})
+        fixed.append(graph.leaf_bytes + graph.hidden_bytes_at(t) + (step.grad_bytes if step else 0))
+        floor.append(fixed[t] + sum(graph.nodes[i].size for i in held[t])
+                     + (step.extra_bytes if step else node.hidden_bytes + node.workspace_bytes))
+    floor_, fixed_ = np.array(floor, dtype=np.int64), np.array(fixed, dtype=np.int64)
+    bound = int(floor_.max())
+    for s in range(T):
+        for r in held[s]:
+            size = graph.nodes[r].size
+            if not size or s == r:
+                continue
+            make = fixed_[r:s + 1] + size + graph.nodes[r].workspace_bytes \
+                + sum(graph.nodes[d].size for d in graph.with_bases(graph.nodes[r].deps))
+            make[0] = floor_[r]
+            lacks = floor_[r:s] + size * np.array([r not in held[u] for u in range(r, s)])
+            lacks[0] = 0  # instant r is the first making itself
+            carry = np.append(np.maximum.accumulate(lacks[::-1])[::-1], 0)
+            bound = max(bound, int(np.maximum(make, carry).min()))
+    return bound
+
+
 def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set[int], int]]:
     """The instants every schedule has, as (index, the nodes it needs, the bytes it holds whatever
     the schedule, those nodes included): stage k computing node k (index k), backward step j
@@ -391,20 +431,26 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
           needed:   h_{τ,u} + y_{τ,u} ≥ 1 for u needed after τ;   y_{τ,u} ≤ x_u
           inputs:   h_{τ,d} + y_{τ,d} ≥ y_{τ,u} for each input d of u made before τ
 
+    and, with the chosen τ_1 < … < τ_m cutting time into windows W_k = (τ_k, τ_{k+1}], r_{k,u} =
+    "u is computed in W_k" and c_u = how often u is computed again (cost flops_v c_v, not x_v):
+
+          windows:  r_{k,u} + h_{τ_k,u} ≥ 1 for u that an instant in W_k reads;
+                    r_{k,d} + h_{τ_k,d} ≥ r_{k,u} for each input d of u;   c_u ≥ Σ_k r_{k,u},  c_u ≥ x_u
+
     Every schedule is a solution (an input of a computation after τ is resident at τ or computed
-    after it), at a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP
-    optimum bounds every schedule. Any subset of instants keeps it valid: the ``instants`` that
-    overflow most."""
+    after it; a value read in W_k and not resident at τ_k is computed in W_k, once per window), at
+    a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP optimum bounds
+    every schedule. Any subset of instants keeps it valid: the ``instants`` that overflow most."""
     highs = _highs_api()
     try:
         chosen = sorted(_instants(graph, budget, deadline), key=lambda i: -i[2] - sum(graph.nodes[v].size
                                                                                      for v in i[3]))
         if not chosen:
             return 0.0  # nothing overflows: the no-recompute schedule fits
-        c, A, lo = _covering_program(graph, chosen[:instants], budget, highs.sparse, deadline)
+        c, A, lo, upper = _covering_program(graph, chosen[:instants], budget, highs.sparse, deadline)
     except OutOfTime:
         return 0.0  # the trivial bound
-    problem = dict(bounds=highs.Bounds(0, 1), constraints=highs.LinearConstraint(A, lo, np.inf))
+    problem = dict(bounds=highs.Bounds(0, upper), constraints=highs.LinearConstraint(A, lo, np.inf))
     lp = _highs(highs.milp, deadline, c, integrality=np.zeros(len(c)), **problem)
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
@@ -420,7 +466,8 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
 
 
 def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
-    """(c, A, lo) of ``recompute_lower_bound``'s program, A x ≥ lo: x first, then h and y per instant."""
+    """(c, A, lo, upper) of ``recompute_lower_bound``'s program, A x ≥ lo, x ≤ upper: x first, then
+    h and y per instant, r per window, c last."""
     n, rows, cols, vals, lo = graph.n, [], [], [], []
 
     def row(entries, low):
@@ -429,7 +476,7 @@ def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
             cols.append(col)
             vals.append(val)
         lo.append(low)
-    count = n
+    count, resident = n, {}
     for index, needed, fixed, alive in chosen:
         check_deadline(deadline)
         made = range(min(index, n))
@@ -442,9 +489,39 @@ def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
             row([(u, 1), (y[u], -1)], 0)
             for d in graph.with_bases(graph.nodes[u].deps):
                 row([(h[d], 1), (y[d], 1), (y[u], -1)], 0)
-    c = np.zeros(count)
-    c[:n] = [node.flops for node in graph.nodes]
-    return c, sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count)), np.array(lo, dtype=float)
+        resident[index] = h
+    made_again: dict[int, list[int]] = {u: [] for u in range(n)}
+    order = sorted(chosen, key=lambda i: i[0])
+    for k, (index, needed, _, _) in enumerate(order):
+        check_deadline(deadline)
+        end = order[k + 1][0] if k + 1 < len(order) else graph.stages - 1
+        read = set().union(*(_reads(graph, t) for t in range(index + 1, end + 1)))
+        h = resident[index]
+        r = {u: count + i for i, u in enumerate(u for u in h if u not in needed)}
+        count += len(r)
+        for u, r_u in r.items():
+            made_again[u].append(r_u)
+            if u in read:
+                row([(r_u, 1), (h[u], 1)], 1)
+            for d in graph.with_bases(graph.nodes[u].deps):
+                if d in r:
+                    row([(r[d], 1), (h[d], 1), (r_u, -1)], 0)
+    c = np.zeros(count + n)
+    c[count:] = [node.flops for node in graph.nodes]
+    for u in range(n):
+        row([(count + u, 1), *((r_u, -1) for r_u in made_again[u])], 0)
+        row([(count + u, 1), (u, -1)], 0)
+    upper = np.ones(count + n)
+    upper[count:] = [max(1, len(made_again[u])) for u in range(n)]
+    A = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count + n))
+    return c, A, np.array(lo, dtype=float), upper
+
+
+def _reads(graph: Graph, t: int) -> set[int]:
+    """What instant t reads in every schedule: node t's inputs, or backward step t - n's reads."""
+    if t < graph.n:
+        return graph.with_bases(graph.nodes[t].deps)
+    return graph.with_bases(graph.steps[t - graph.n].reads)
 
 
 class _Program:

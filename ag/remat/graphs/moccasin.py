@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from .checkmate import (WARM_SHARE, NoScheduleFits, OutOfTime, check_deadline, lower_bound_bytes, need_until,
+from .checkmate import (WARM_SHARE, NoScheduleFits, OutOfTime, carry_bound_bytes, check_deadline, need_until,
                         read_back_seconds, recompute_lower_bound, warm_starts, with_bound)
 from .graph import Graph
 from .model import prune
@@ -110,10 +110,10 @@ def _checked(graph: Graph, budget_bytes: int, intervals: int, time_limit: float)
         raise ValueError(f"moccasin: intervals must be an integer of at least 1 (1: no recomputation), got {intervals!r}")
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ValueError(f"moccasin: time_limit must be a positive number of seconds, got {time_limit!r}")
-    budget, floor = int(budget_bytes), lower_bound_bytes(graph)
+    budget, floor = int(budget_bytes), carry_bound_bytes(graph)
     if budget < floor:
         raise NoScheduleFits(f"moccasin: no schedule fits {budget:,} bytes; the smallest feasible budget is at least "
-                             f"{floor:,} bytes (one stage needs that much even keeping nothing else)")
+                             f"{floor:,} bytes (a stage needs that much to make or hold what it reads)")
     return budget
 
 
