@@ -24,8 +24,8 @@ def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Sc
     longest = max(free_depth(graph), default=0)
     s = max(1, round(longest ** 0.5))
     found: list[Schedule] = []
-    starts = [(every, False) for every in dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,))]
-    for every, merge in [(0, True)] + starts:
+    spacings = dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,))
+    for every, merge in [(0, True)] + [(every, False) for every in spacings]:
         fits = [f for f in found if f.predicted_peak_bytes <= budget]
         if found and (time.perf_counter() > deadline or any(f.recompute_flops == 0 for f in fits)):
             break
@@ -49,7 +49,7 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
     each free v with d_v a multiple of it, from its computation on; if ``merge``, one free op in
     place of the values it is remade from (``_merged``); remake the free ops (``complete``).
     While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
-    bytes a FLOP (max size_v / flops_v, ``_bytes_a_flop``; a free one first): if t does not use v, keep v out of
+    bytes a FLOP (``_bytes_a_flop``; a free one first): if t does not use v, keep v out of
     stages t .. u, u its next use (remade there, kept again after); if every kept v is used at t,
     free one after its last use in t until its next use u > t (the one used last that lowers the
     peak or moves it later), else drop the one at t for good. May not fit: the caller checks;
