@@ -142,6 +142,17 @@ def test_the_covering_bound_is_never_above_the_brute_force_optimum_and_often_abo
     assert above_zero >= 3  # a bound of 0 everywhere would pass the line above and say nothing
 
 
+def test_counting_remakes_window_by_window_bounds_a_residual_mlp_at_its_lower_bound_above_counting_them_once():
+    """At the lower bound nothing but r1 fits at block 1's relu step and nothing but h0 at its
+    matmul step: the first matmul, under h0 and r0, is remade twice after them, which x_v
+    (remade at all) counts once."""
+    fn, inputs = examples.residual_mlp(blocks=8, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    budget = budgets(graph)[0]
+    once, windowed = recompute_lower_bound(graph, budget, windows=0), recompute_lower_bound(graph, budget)
+    assert 0 < once < windowed <= keep_costly(graph, budget).recompute_flops
+
+
 def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):
     """CP-SAT proves the 2-interval optimum without the bound; a valid bound equal to it is the
     optimum over every schedule."""
