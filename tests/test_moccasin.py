@@ -14,7 +14,7 @@ from ag import remat
 from ag.remat import examples
 from ag.remat.graphs.checkmate import (NoScheduleFits, carry_bound_bytes, dtr_schedule, recompute_lower_bound,
                                       warm_starts)
-from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop
+from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop, moved_down
 from ag.remat.graphs.keep import complete
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
@@ -153,6 +153,17 @@ def test_the_covering_bound_counts_a_remake_in_each_window_and_so_reaches_the_br
         assert recompute_lower_bound(graph, budget) == pytest.approx(brute_force(graph, budget)), seed
 
 
+def test_counting_remakes_window_by_window_bounds_a_residual_mlp_at_its_lower_bound_above_counting_them_once():
+    """At the lower bound nothing but r1 fits at block 1's relu step and nothing but h0 at its
+    matmul step: the first matmul, under h0 and r0, is remade twice after them, which x_v
+    (remade at all) counts once."""
+    fn, inputs = examples.residual_mlp(blocks=8, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    budget = budgets(graph)[0]
+    once, windowed = recompute_lower_bound(graph, budget, windows=0), recompute_lower_bound(graph, budget)
+    assert 0 < once < windowed <= keep_costly(graph, budget).recompute_flops
+
+
 def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):
     """CP-SAT proves the 2-interval optimum without the bound; a valid bound equal to it is the
     optimum over every schedule."""
@@ -240,13 +251,13 @@ def test_keep_then_drop_frees_a_value_after_its_last_use_in_the_peak_stage_and_k
     graph = small["residual MLP"][0]
     budget, n = budgets(graph)[1], graph.n
     found = keep_then_drop(graph, budget)
-    between = [v for v in range(n) if graph.nodes[v].flops and any(
+    between = [v for v in moved_down(graph) if any(
         (found.S[t, v] or found.R[t, v]) and not found.S[t + 1, v] and found.S[t + 1:, v].any()
         for t in range(n, graph.stages - 1))]
     assert found.predicted_peak_bytes <= budget and between
     for_good = np.zeros_like(found.S)
-    for v, node in enumerate(graph.nodes):
-        for_good[v + 1:, v] = node.flops > 0 and v not in between
+    for v in moved_down(graph):
+        for_good[v + 1:, v] = v not in between
     assert complete(graph, for_good, "for good").recompute_flops > found.recompute_flops
 
 
@@ -262,6 +273,33 @@ def test_at_the_tightest_budget_keep_costly_keeps_residual_adds_and_pays_less_th
     costly_only, dtr = keep_then_drop(graph, budget), dtr_schedule(graph, budget)
     assert costly_only.predicted_peak_bytes <= budget and dtr.predicted_peak_bytes <= budget
     assert found.recompute_flops < min(costly_only.recompute_flops, dtr.recompute_flops)
+
+
+def test_keep_costly_keeps_a_matmuls_relu_in_its_place_as_backward_reads_the_relu_not_the_matmul(small):
+    graph = small["residual MLP"][0]
+    read = set().union(*(step.reads for step in graph.steps))
+    matmuls = [v for v, node in enumerate(graph.nodes) if node.op == "matmul"]
+    assert matmuls and not read & set(matmuls)
+    relus = [graph.users[v][0] for v in matmuls]
+    assert all(graph.nodes[r].op == "relu" and r in read for r in relus)
+    assert sorted(moved_down(graph)) == sorted(relus)
+
+
+def test_at_a_residual_mlps_lower_bound_one_add_kept_for_the_relus_below_it_pays_less_than_sqrt_checkpoints():
+    """Backward reads every relu, and at the lower bound there is one slot short of them all:
+    keeping the first add that two kept relus remake, in their place, frees that slot for one
+    late remake of each; it pays less than every checkpoint spacing Chen's rule tries."""
+    fn, inputs = examples.residual_mlp(blocks=8, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    budget = budgets(graph)[0]
+    merged = keep_then_drop(graph, budget, merge=True)
+    first_add = next(v for v, node in enumerate(graph.nodes) if node.op == "add" and len(node.deps) == 2)
+    assert merged.predicted_peak_bytes <= budget and merged.S[graph.n, first_add]
+    s = round(max(free_depth(graph)) ** 0.5)
+    for every in (s, s // 2, 2 * s, 0):
+        spaced = keep_then_drop(graph, budget, every=every)
+        assert spaced.predicted_peak_bytes <= budget and merged.recompute_flops < spaced.recompute_flops
+    assert keep_costly(graph, budget).recompute_flops == merged.recompute_flops
 
 
 def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):

@@ -420,7 +420,8 @@ def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set
     return kept
 
 
-def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24) -> float:
+def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24,
+                          windows: int = 12) -> float:
     """No schedule within ``budget`` recomputes fewer FLOPs than this. For a few instants τ that
     every schedule has and that overflow if nothing is dropped (``_instants``), with
     x_v = "v is computed twice or more", h_{τ,u} = "u is resident at τ" and y_{τ,u} = "u is made
@@ -440,11 +441,13 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     Every schedule is a solution (an input of a computation after τ is resident at τ or computed
     after it; a value read in W_k and not resident at τ_k is computed in W_k, once per window), at
     a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP optimum bounds
-    every schedule. Any subset of instants keeps it valid: the ``instants`` that overflow most."""
+    every schedule. Any subset of instants keeps it valid: the ``instants`` that overflow most.
+    ``_windowed_program`` also carries residency from window to window over the ``windows`` last
+    instants that overflow; the larger of the two bounds is returned."""
     highs = _highs_api()
     try:
-        chosen = sorted(_instants(graph, budget, deadline), key=lambda i: -i[2] - sum(graph.nodes[v].size
-                                                                                     for v in i[3]))
+        overflowing = _instants(graph, budget, deadline)
+        chosen = sorted(overflowing, key=lambda i: -i[2] - sum(graph.nodes[v].size for v in i[3]))
         if not chosen:
             return 0.0  # nothing overflows: the no-recompute schedule fits
         c, A, lo, upper = _covering_program(graph, chosen[:instants], budget, highs.sparse, deadline)
@@ -455,14 +458,75 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
     bound = float(lp.fun) if lp.x is not None else 0.0
-    remaining = deadline - time.perf_counter()
-    if remaining > 0.01:
-        result = _highs(highs.milp, deadline, c, integrality=np.ones(len(c)), **problem,
-                        options={"time_limit": remaining, "disp": False})
+    windowed = [lambda: _windowed_program(graph, overflowing[-windows:], budget, highs.sparse, deadline)]
+    for program in [lambda: (c, A, lo)] + (windowed if windows else []):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0.01:
+            break
+        try:
+            c_, A_, lo_ = program()
+        except OutOfTime:
+            break
+        result = _highs(highs.milp, deadline, c_, integrality=np.ones(len(c_)), bounds=highs.Bounds(0, 1),
+                        constraints=highs.LinearConstraint(A_, lo_, np.inf),
+                        options={"time_limit": max(0.01, deadline - time.perf_counter()), "disp": False})
         dual = getattr(result, "mip_dual_bound", None)  # not ``fun``: HiGHS stops within a relative gap
         if dual is not None and np.isfinite(dual):
             bound = max(bound, float(dual))
     return max(0.0, bound)
+
+
+def _windowed_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
+    """(c, A, lo), A z ≥ lo, of the covering program with remakes counted window by window. For
+    instants τ_1 < … < τ_K (``chosen``, in order) and the windows W_k = (τ_k, τ_{k+1}] (W_K runs
+    to the end), with h_{k,u} = "u is resident at τ_k" and z_{k,u} = "u is computed in W_k"
+    (u made before τ_k, so a remake):
+
+        minimise Σ_k Σ_u flops_u z_{k,u}   subject to
+          memory:  fixed_k + Σ_u size_u h_{k,u} ≤ budget;   needed: h_{k,u} = 1 for u τ_k reads
+          kept:    h_{k,u} + z_{k,u} ≥ h_{k+1,u}   (resident at τ_{k+1}: at τ_k, or made in W_k)
+          used:    h_{k,u} + z_{k,u} ≥ 1 for u read at an instant inside W_k
+          inputs:  h_{k,d} + z_{k,d} ≥ z_{k,u} for each input d of u
+
+    A schedule is a solution, at a cost no more than its recompute: a value read in W_k was
+    resident at τ_k or computed in W_k before the read (so were a computation's inputs)."""
+    n, rows, cols, vals, lo = graph.n, [], [], [], []
+
+    def row(entries, low):
+        for col, val in entries:
+            rows.append(len(lo))
+            cols.append(col)
+            vals.append(val)
+        lo.append(low)
+    reads = [graph.with_bases(node.deps) | {k} for k, node in enumerate(graph.nodes)]
+    reads += [graph.with_bases(step.reads) for step in graph.steps]
+    made = [range(min(index, n)) for index, *_ in chosen]
+    h, count = [], 0
+    for before in made:
+        h.append({u: count + i for i, u in enumerate(before)})
+        count += len(before)
+    z = []
+    for before in made:
+        z.append({u: count + i for i, u in enumerate(before)})
+        count += len(before)
+    ends = [index for index, *_ in chosen[1:]] + [len(reads)]
+    for k, (index, needed, fixed, _) in enumerate(chosen):
+        check_deadline(deadline)
+        row([(h[k][u], -graph.nodes[u].size) for u in made[k] if u not in needed], fixed - budget)
+        read_inside = set().union(*reads[index + 1:ends[k]])
+        for u in made[k]:
+            if u in needed:
+                row([(h[k][u], 1)], 1)
+            if u in read_inside:
+                row([(h[k][u], 1), (z[k][u], 1)], 1)
+            if k + 1 < len(chosen):
+                row([(h[k][u], 1), (z[k][u], 1), (h[k + 1][u], -1)], 0)
+            for d in graph.with_bases(graph.nodes[u].deps):
+                row([(h[k][d], 1), (z[k][d], 1), (z[k][u], -1)], 0)
+    c = np.zeros(count)
+    for zk in z:
+        c[list(zk.values())] = [graph.nodes[u].flops for u in zk]
+    return c, sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count)), np.array(lo, dtype=float)
 
 
 def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:

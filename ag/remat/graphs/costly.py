@@ -1,7 +1,8 @@
 """A warm start by dominance: an op that costs no FLOPs (relu, add, a view) is remade for free
 from its inputs, so ``keep_costly(graph, budget)`` keeps only what costs FLOPs to remake and lets
 ``keep.complete`` remake the free ops in every stage that reads them; at tight budgets, where that
-remakes long chains of free ops from afar, it keeps every m-th of them too (Chen's sqrt rule).
+remakes long chains of free ops from afar, it keeps every m-th of them too (Chen's sqrt rule),
+or one free op in place of the kept values it is remade from (``_merged``).
 """
 from __future__ import annotations
 
@@ -15,18 +16,20 @@ from .schedule import Schedule
 
 
 def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
-    """The cheapest of ``keep_then_drop`` with checkpoints every m free ops, m in
-    (s, s/2, 2s, 0), s = round(sqrt(D)) and D the longest free chain (``free_depth``): Chen's sqrt
-    rule on the chains of free ops (residual adds) that a tight budget makes remade from afar.
-    Tries no more once one fits at no recompute, or at ``deadline``."""
+    """The cheapest of ``keep_then_drop`` with one merged free op (the fastest at tight budgets)
+    and with checkpoints every m free ops, m in (s, s/2, 2s, 0), s = round(sqrt(D)) and D the
+    longest free chain (``free_depth``): Chen's sqrt rule on the chains of free ops (residual adds)
+    that a tight budget makes remade from afar. Tries no more once one fits at no recompute, or at
+    ``deadline``."""
     longest = max(free_depth(graph), default=0)
     s = max(1, round(longest ** 0.5))
     found: list[Schedule] = []
-    for every in dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,)):
+    spacings = dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,))
+    for every, merge in [(0, True)] + [(every, False) for every in spacings]:
         fits = [f for f in found if f.predicted_peak_bytes <= budget]
         if found and (time.perf_counter() > deadline or any(f.recompute_flops == 0 for f in fits)):
             break
-        found.append(keep_then_drop(graph, budget, deadline, every))
+        found.append(keep_then_drop(graph, budget, deadline, every, merge))
     fits = [f for f in found if f.predicted_peak_bytes <= budget]
     return min(fits or found[:1], key=lambda f: f.recompute_flops)
 
@@ -40,19 +43,25 @@ def free_depth(graph: Graph) -> list[int]:
     return depth
 
 
-def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), every: int = 0) -> Schedule:
-    """Keep K = {v : flops_v > 0} (and, if ``every``, each free v with d_v a multiple of it)
-    from its computation on and remake the free ops (``complete``).
+def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), every: int = 0,
+                   merge: bool = False) -> Schedule:
+    """Keep K = {v : flops_v > 0}, each moved down to its relu (``moved_down``), and, if ``every``,
+    each free v with d_v a multiple of it, from its computation on; if ``merge``, one free op in
+    place of the values it is remade from (``_merged``); remake the free ops (``complete``).
     While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
-    bytes a FLOP (max size_v / flops_v; a free one first): if t does not use v, keep v out of
+    bytes a FLOP (``_bytes_a_flop``; a free one first): if t does not use v, keep v out of
     stages t .. u, u its next use (remade there, kept again after); if every kept v is used at t,
     free one after its last use in t until its next use u > t (the one used last that lowers the
     peak or moves it later), else drop the one at t for good. May not fit: the caller checks;
     stops at ``deadline``."""
     depth = free_depth(graph) if every else [0] * graph.n
     wanted = np.zeros((graph.stages, graph.n), dtype=bool)
-    for v, node in enumerate(graph.nodes):
-        wanted[v + 1:, v] = node.flops > 0 or depth[v] > 0 and depth[v] % every == 0
+    for v in moved_down(graph):
+        wanted[v + 1:, v] = True
+    for v in range(graph.n):
+        wanted[v + 1:, v] |= depth[v] > 0 and depth[v] % every == 0
+    if merge:
+        wanted = _merged(graph, wanted)
     best = complete(graph, wanted, "keep costly")
     while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
         t = best.prediction.peak_stage
@@ -66,7 +75,7 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
             continue
         later = sorted((v for v in by_ratio if t + 1 < graph.stages and wanted[t + 1, v]),
                        key=lambda v: -_next_use(graph, best, v, t + 1))
-        tried = (_drop(graph, best, wanted, v, t + 1) for v in later)
+        tried = (_drop(graph, best, wanted, v, t + 1) for v in later if time.perf_counter() < deadline)
         lower = next((found for found in tried if _lower(found[0], best)), None)
         if lower is None:  # no drop after its last use in t lowers the peak: drop for good
             lower = _drop(graph, best, wanted, by_ratio[0], 0)
@@ -74,10 +83,62 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
     return best
 
 
+def moved_down(graph: Graph) -> list[int]:
+    """The values to keep, one for each v that costs FLOPs: v, or, while no backward step reads
+    it and its one user u is a free op of v alone no larger than it (relu), u. Keeping u
+    dominates keeping v: the same bytes or fewer, and every use of v is remade from u for free."""
+    read = set().union(*(graph.with_bases(step.reads) for step in graph.steps))
+    kept = []
+    for v, node in enumerate(graph.nodes):
+        while node.flops and v not in read and len(graph.users[v]) == 1:
+            u = graph.users[v][0]
+            if graph.nodes[u].flops or list(graph.nodes[u].deps) != [v] or graph.nodes[u].size > graph.nodes[v].size:
+                break
+            v = u
+        if node.flops:
+            kept.append(v)
+    return kept
+
+
+def _merged(graph: Graph, wanted: np.ndarray) -> np.ndarray:
+    """Keep the first free op c remade from two or more kept values A_c (through free ops only)
+    instead of them: each a in A_c is out from c's computation until the first backward step that
+    reads a. One slot or more freed over most of backward, for one remake of each a, late."""
+    n = graph.n
+    read_at = {}
+    for j, step in enumerate(graph.steps):
+        for r in graph.with_bases(step.reads):
+            read_at.setdefault(r, n + j)
+    for c, node in enumerate(graph.nodes):
+        if node.flops or wanted[c + 1:, c].any():
+            continue
+        ancestors, seen, stack = set(), set(), list(node.deps)
+        while stack:
+            a = stack.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            if wanted[a + 1:, a].any():
+                ancestors.add(a)
+            elif not graph.nodes[a].flops:
+                stack.extend(graph.nodes[a].deps)
+        if len(ancestors) >= 2:
+            wanted = wanted.copy()
+            wanted[c + 1:, c] = True
+            for a in ancestors:
+                wanted[c + 1:read_at.get(a, graph.stages), a] = False
+            return wanted
+    return wanted
+
+
 def _bytes_a_flop(graph: Graph, v: int) -> float:
-    """size_v / flops_v: what keeping v costs a FLOP of remaking it saved (a free op: infinite)."""
-    node = graph.nodes[v]
-    return node.size / node.flops if node.flops else float("inf")
+    """size_v / f_v: what keeping v costs a FLOP of remaking it saved, f_v its FLOPs and those of
+    the one-input ops it is made from alone (relu(matmul): the matmul's); a free op: infinite."""
+    size, flops = graph.nodes[v].size, graph.nodes[v].flops
+    while not flops and len(graph.nodes[v].deps) == 1:
+        v = graph.nodes[v].deps[0]
+        flops = graph.nodes[v].flops
+    return size / flops if flops else float("inf")
 
 
 def _drop(graph: Graph, best: Schedule, wanted: np.ndarray, v: int, t: int) -> tuple[Schedule, np.ndarray]:
