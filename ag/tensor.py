@@ -365,14 +365,15 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> No
     if not tensor.requires_grad:
         return
     grad = _shaped_like(tensor, grad)
+    first_flow = tensor.grad is None
     ### BEGIN SOLUTION
     if tensor.grad is None:
         tensor.grad = grad if owned else grad.copy()
-        if config.watchers:
-            hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
     ### END SOLUTION
+    if first_flow and config.watchers:
+        hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
 
 
 def _shaped_like(tensor: Tensor, grad) -> np.ndarray:
