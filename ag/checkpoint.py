@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .modes import no_grad, phase
+from .modes import no_grad
 from .discard import release_unneeded
+from .scopes import phase
 from .errors import GraphError
 from .tensor import Grads, Saved, Tensor, backward, backward_from_grad, make_output
 

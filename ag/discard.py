@@ -13,7 +13,8 @@ import numpy as np
 
 from .arrays import as_array
 from .errors import GraphError
-from .modes import no_grad, phase
+from .modes import no_grad
+from .scopes import phase
 
 
 def discard_value_if_has_rematerializer(tensor) -> None:

@@ -8,12 +8,15 @@ The events, and what each passes to its subscribers:
 - ``"grad allocated"`` (tensor): a grad buffer was allocated;
 - ``"step done"`` (op, name, snapshots): a backward step ran; ``snapshots`` is the list
   ``backward(trace=True)`` returns, else None;
-- ``"product counted"`` (phase, flops): a matrix product ran, 2·m·n·k FLOPs;
+- ``"product counted"`` (flops): a matrix product ran, 2·m·n·k FLOPs;
+- ``"phase entered"`` (name) and ``"phase left"`` (name): the engine began or ended a "backward" step,
+  a rematerializer a "recompute" (``scopes.phase``); outside any phase ops run in "forward";
 - ``"scope entered"`` (name) and ``"scope left"`` (name): a block named by ``scopes.scope`` (``nn``'s
   "transformer layer" and "attention core") began or ended.
 
 The engine publishes an op's events only while some block watches (``modes.config.watchers``),
-so an op that nobody watches pays one test. ``trace`` and ``count_ops`` subscribe; the engine imports neither.
+so an op that nobody watches pays one test. ``trace`` and ``count_ops`` subscribe, and keep the current
+phase from the phase events; the engine imports neither.
 """
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ from typing import Callable, Iterator
 
 from .modes import watching
 
-EVENTS = ("tensor created", "op run", "grad allocated", "step done", "product counted", "scope entered",
-          "scope left")
+EVENTS = ("tensor created", "op run", "grad allocated", "step done", "product counted", "phase entered",
+          "phase left", "scope entered", "scope left")
 _subscribers: dict[str, list[Callable]] = {event: [] for event in EVENTS}
 
 

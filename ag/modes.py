@@ -1,5 +1,5 @@
 """Switches that change what ops do: build a graph or not, allocate grads eagerly or lazily,
-and the phase label ("forward", "backward", "recompute") under which ops are counted and traced."""
+and whether anything watches the engine (then it publishes its events)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +9,6 @@ from typing import Iterator
 class _Config:
     grad_enabled = True
     eager_grads = False
-    phase = "forward"  # or "backward" inside a backward step, "recompute" inside a rematerializer
     watchers = 0  # open blocks that watch the engine (trace timelines, hooks); at 0 no hook is called
 
 
@@ -45,12 +44,6 @@ def watching(registry: list, watcher) -> Iterator:
     finally:
         config.watchers -= 1
         registry[:] = [w for w in registry if w is not watcher]
-
-
-def phase(name: str) -> contextlib.AbstractContextManager:
-    """Label the ops run inside: "forward", "backward" or "recompute" (``count_ops`` and
-    ``tracing`` file what runs under the label)."""
-    return _setting("phase", name)
 
 
 def eager_grads(enabled: bool = True) -> contextlib.AbstractContextManager:

@@ -35,6 +35,7 @@ from .arrays import array_module, as_array, is_bfloat16, numeric_array, unbroadc
 from .discard import discard_value_if_has_rematerializer, rematerialize
 from .errors import GraphError
 from .modes import config
+from .scopes import phase
 from .tensor_base import TensorBase
 
 Rematerializer = Callable[[], np.ndarray]
@@ -159,7 +160,7 @@ def make_output(value, op: str, inputs: Sequence[Tensor], backward: Backward,
         if t.inputs:
             _free_values_only_the_graph_holds(t)
     if config.watchers:  # a trace timeline, record_tensors, capture or count_ops is open
-        hooks.publish("op run", output, call)  # its phase is "recompute" when a rematerializer runs it
+        hooks.publish("op run", output, call)
     return output
 
 
@@ -309,14 +310,12 @@ def _run_step(node: Tensor) -> Grads:
 
 
 def call_backward(node: Tensor, needed: tuple[Tensor, ...]) -> Grads:
-    """``node``'s closure on the values it reads, under the phase label "backward" (``count_ops``
-    and tracing file what runs there); set here, not by ``modes.phase``, so that stepping into a
-    backward step lands in this file and the op's."""
-    previous, config.phase = config.phase, "backward"
-    try:
+    """``node``'s closure on the values it reads, in the phase "backward" for whoever watches
+    (``count_ops`` and tracing file what runs there); unwatched, stepping in lands in the op's closure."""
+    if not config.watchers:
         return node._backward(node, Saved(node, needed))
-    finally:
-        config.phase = previous
+    with phase("backward"):
+        return node._backward(node, Saved(node, needed))
 
 
 def _grad_freed_after_its_step(node: Tensor) -> bool:
@@ -366,14 +365,15 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> No
     if not tensor.requires_grad:
         return
     grad = _shaped_like(tensor, grad)
+    first_flow = tensor.grad is None
     ### BEGIN SOLUTION
     if tensor.grad is None:
         tensor.grad = grad if owned else grad.copy()
-        if config.watchers:
-            hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
     else:
         tensor.grad += grad
     ### END SOLUTION
+    if first_flow and config.watchers:
+        hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
 
 
 def _shaped_like(tensor: Tensor, grad) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import hooks
 from .export import export_perfetto, export_torch_snapshot  # noqa: F401  (ag.trace.export_*)
-from .modes import config, watching
+from .modes import watching
 
 if TYPE_CHECKING:  # trace observes the engine's events; it names Tensor only for the type checker
     from .tensor import Tensor
@@ -250,6 +250,19 @@ def tracing(device="cpu") -> Iterator[list[Snapshot]]:
         end_trace()
 
 
+_phases: list[str] = []  # the phases entered and not yet left, innermost last
+
+
+def current_phase() -> str:
+    """The phase the engine last entered and has not left ("phase entered" and "phase left" events):
+    "backward", "recompute", or "forward" outside any."""
+    return _phases[-1] if _phases else "forward"
+
+
+def _phase_left(name: str) -> None:
+    _phases.pop()
+
+
 def record(phase: str, op: str, tensor: str | None) -> None:
     """A snapshot after an op or a backward step, in every open timeline; a no-op unless one is open."""
     if _timelines:
@@ -257,7 +270,7 @@ def record(phase: str, op: str, tensor: str | None) -> None:
 
 
 def _op_run(output, call: tuple) -> None:
-    record(config.phase, output.op, None)  # the phase is "recompute" when a rematerializer runs it
+    record(current_phase(), output.op, None)
 
 
 def _step_done(op: str, name: str | None, snapshots: list | None) -> None:
@@ -292,7 +305,7 @@ def watch_value(tensor) -> None:
     makes counts as recomputed)."""
     if _timelines:
         _made[tensor] = next(_numbers)
-        if config.phase == "recompute":
+        if current_phase() == "recompute":
             _recomputed.add(tensor)
 
 
@@ -438,13 +451,16 @@ def count_ops() -> Iterator[OpCounts]:
         yield counts
 
 
-def count_matmul(phase: str, flops: int) -> None:
-    """Count one matrix product in every open ``count_ops``; a no-op unless one is open."""
+def count_matmul(flops: int) -> None:
+    """Count one matrix product in every open ``count_ops``, in the current phase; a no-op unless one is open."""
+    phase = current_phase()
     for counts in _counters:
         counts.matmuls[phase] += 1
         counts.flops[phase] += flops
 
 
+hooks.subscribe("phase entered", _phases.append)
+hooks.subscribe("phase left", _phase_left)
 hooks.subscribe("tensor created", watch_value)
 hooks.subscribe("op run", _op_run)
 hooks.subscribe("grad allocated", watch_grad)

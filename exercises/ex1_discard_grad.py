@@ -3,10 +3,9 @@
 A grad buffer costs as much as its value. Allocate it lazily, the first time something flows
 into it (accumulate_grad, which the engine calls with each grad an op's _backward(out,
 saved) returns): take the incoming array itself when it is owned (an array that nothing else
-holds, such as a fresh product, may become the grad as it is), else a copy, and, while
-anything watches (config.watchers), publish the "grad allocated" event (hooks.publish) so
-that tracing sees the new buffer. Free a non-leaf tensor's grad right after its own backward
-step (backward_step, which backward runs for each node in turn).
+holds, such as a fresh product, may become the grad as it is), else a copy; once it exists,
+add into it. Free a non-leaf tensor's grad right after its own backward step (backward_step,
+which backward runs for each node in turn).
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex1_discard_grad.py
@@ -33,8 +32,11 @@ def accumulate_grad(tensor: Tensor, grad: np.ndarray, owned: bool = False) -> No
     if not tensor.requires_grad:
         return
     grad = _shaped_like(tensor, grad)
+    first_flow = tensor.grad is None
     # YOUR CODE HERE
     raise NotImplementedError()
+    if first_flow and config.watchers:
+        hooks.publish("grad allocated", tensor)  # tracing files the new buffer under "gradients"
 
 
 def backward_step(node: Tensor, keep_graph: bool = False) -> tuple[str, str | None] | None:

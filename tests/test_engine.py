@@ -1,4 +1,6 @@
 """The graph and the backward walk: order, reuse, modes, rematerializers."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -244,6 +246,42 @@ def test_under_eager_grads_a_traced_tensors_grad_is_named_after_its_value():
         assert ("value", name) in names and ("grad", name) in names, names
 
 
+def test_the_phase_travels_as_events_and_count_ops_files_each_product_under_the_last_one_entered():
+    from ag import hooks, scopes
+    with ag.count_ops() as counts:
+        hooks.publish("product counted", 10)
+        with scopes.phase("backward"):
+            hooks.publish("product counted", 20)
+            with scopes.phase("recompute"):
+                hooks.publish("product counted", 30)
+            hooks.publish("product counted", 40)
+        hooks.publish("product counted", 50)
+    assert dict(counts.flops) == {"forward": 60, "backward": 60, "recompute": 30}
+    assert dict(counts.matmuls) == {"forward": 2, "backward": 2, "recompute": 1}
+
+
+def test_a_rematerializer_that_a_backward_step_needs_runs_in_a_recompute_phase_before_the_step():
+    from ag import hooks
+    x = ag.Tensor(np.ones((2, 2)), requires_grad=True)
+    h = ag.matmul(x, x)
+    h.rematerializer = lambda: x.value @ x.value
+    y = ag.log(h)  # log saves its input: its backward step brings h back
+    phases = []
+    with hooks.subscribed("phase entered", lambda name: phases.append(("entered", name))), \
+            hooks.subscribed("phase left", lambda name: phases.append(("left", name))):
+        ag.sum(y).backward()
+    assert phases == [("entered", "backward"), ("left", "backward"),  # sum's step
+                      ("entered", "recompute"), ("left", "recompute"),  # log's step brings h back first
+                      ("entered", "backward"), ("left", "backward"),
+                      ("entered", "backward"), ("left", "backward")]  # matmul's step
+
+
+def test_no_module_reads_the_phase_from_a_setting():
+    assert not hasattr(ag.config, "phase")
+    readers = [p.name for p in Path(ag.__file__).parent.rglob("*.py") if "config.phase" in p.read_text()]
+    assert readers == []
+
+
 def test_each_event_of_the_engine_reaches_its_subscribers_and_an_unknown_event_is_refused():
     from ag import hooks
     x = ag.Tensor(np.ones((2, 2)), requires_grad=True)
@@ -259,7 +297,8 @@ def test_each_event_of_the_engine_reaches_its_subscribers_and_an_unknown_event_i
             block.__exit__(None, None, None)
     assert [args[0].op for args in seen["op run"]] == ["matmul", "sum"]
     assert [args[1] for args in seen["op run"]] == [(ag.matmul, x, x), (ag.sum, y, None, False)]
-    assert seen["product counted"] == [("forward", 16), ("backward", 16), ("backward", 16)]
+    assert seen["product counted"] == [(16,), (16,), (16,)]  # the FLOPs only: the phase is an event of its own
+    assert seen["phase entered"] == seen["phase left"] == [("backward",), ("backward",)]
     assert [args[:2] for args in seen["step done"]] == [("sum", None), ("matmul", None)]
     assert [args[0] for args in seen["grad allocated"]] == [y, x]
     assert len(seen["tensor created"]) >= 2

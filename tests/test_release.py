@@ -1,6 +1,7 @@
 """The student release (nbgrader's split): generated from the marked source, no solution travels."""
 import ast
 import importlib
+import inspect
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ag import course, hooks, trace
+from ag import course, hooks, tensor, trace
 from ag.attention.shapes import check_shapes
 from ag.attention.tiles import Tiles
 
@@ -120,9 +121,18 @@ def test_student_md_says_how_to_install_check_grade_and_what_to_upload_in_which_
 def test_each_statement_explains_the_names_it_asks_the_student_to_use():
     ex1, ex4 = (next(e for e in course.EXERCISES if e.number == n).statement for n in (1, 4))
     assert re.search(r"when it is owned \([^)]*nothing else holds", ex1)
-    assert re.search(r"publish the \"grad allocated\" event \(hooks\.publish\)", ex1)
+    assert re.search(r"copy; once it exists, add into it", ex1)
+    assert not re.search(r"hooks|config|watchers|publish", ex1), "exercise 1 teaches the lecture's rule, not the engine's events"
     assert re.search(r"qg, kg, vg are q, k, v viewed by tiles\.grouped as \(\.\.\., h_kv, group, n, d\)", ex4)
     assert re.search(r"tiles\.key_tiles\(q_start, q_stop\) the k_start of each key tile", ex4)
+
+
+def test_exercise_1s_solution_is_the_lecture_rule_and_the_engine_publishes_the_grad_it_allocates():
+    source = inspect.getsource(tensor.accumulate_grad)
+    solution = source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+    assert "grad.copy()" in solution and "+=" in solution
+    assert not re.search(r"hooks|config|watchers|publish", solution), solution
+    assert "hooks.publish(\"grad allocated\"" in source.split("### END SOLUTION")[1]
 
 
 @pytest.mark.parametrize("exercise", course.EXERCISES, ids=lambda e: e.name)

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -538,6 +539,22 @@ def test_a_time_limit_that_ends_before_any_schedule_gets_a_clear_error(graphs):
     budget = remat.lower_bound_bytes(graph) + 1
     with pytest.raises((TimeoutError, ValueError), match="time limit of 0.001 s ended|smallest feasible"):
         remat.checkmate(graph, budget, time_limit=0.001)
+
+
+@pytest.mark.parametrize("limit", [0.5, 2.0])
+def test_the_time_limit_is_one_deadline_in_wall_time_whichever_phase_it_ends_in(graphs, limit):
+    """Warm starts, the covering bound, the MILP's build, the LP and HiGHS all spend from one clock:
+    at the lower bound the solve outlasts the limit, and the answer (a schedule that fits, or a
+    TimeoutError) comes within it, plus a deadline check's granularity and a killed HiGHS child."""
+    graph = graphs["2-layer transformer"][0]
+    budget = remat.lower_bound_bytes(graph)
+    start = time.perf_counter()
+    try:
+        found = remat.checkmate(graph, budget, time_limit=limit)
+    except TimeoutError:
+        found = None
+    assert time.perf_counter() - start <= limit + 1.5
+    assert found is None or found.predicted_peak_bytes <= budget
 
 
 def test_a_stopped_solve_reports_feasible_with_its_gap(graphs):

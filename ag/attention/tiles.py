@@ -205,7 +205,7 @@ class Tiles:
             area += (q1 - q0) * sum(c.stop - c.start for c in keys(q0, q1))
         heads = math.prod(h.lead) * h.h
         for _ in range(per_tile):
-            hooks.publish("product counted", config.phase, 2 * area * h.d * heads)
+            hooks.publish("product counted", 2 * area * h.d * heads)
 
     def masked(self, q_start: int, k_start: int, cols: int) -> bool:
         """Does the causal mask hide some of the ``cols`` keys from k_start on from some query of the

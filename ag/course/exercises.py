@@ -44,8 +44,7 @@ EXERCISES = (
         "flows into it (accumulate_grad, which the engine calls with each grad an op's "
         "_backward(out, saved) returns): take the incoming array itself when it is owned (an array "
         "that nothing else holds, such as a fresh product, may become the grad as it is), else a "
-        "copy, and, while anything watches (config.watchers), publish the \"grad allocated\" event "
-        "(hooks.publish) so that tracing sees the new buffer. Free a non-leaf tensor's grad right after its own "
+        "copy; once it exists, add into it. Free a non-leaf tensor's grad right after its own "
         "backward step (backward_step, which backward runs for each node in turn).",
         (("tensor", "accumulate_grad"), ("tensor", "backward_step")),
         "import numpy as np\n\nfrom ag import hooks\n"

@@ -68,7 +68,7 @@ def linear(x, w, b=None) -> Tensor:
 
 
 def _product(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """x @ y, counted by ``ag.count_ops`` as 2·m·n·k FLOPs in the current phase; with ``shape``,
+    """x @ y, published as 2·m·n·k FLOPs ("product counted", for ``ag.count_ops``); with ``shape``,
     written into a fresh array of that shape (a reshaped view is one a grad could not own)."""
     if shape is not None:
         product = np.empty_like(x, shape=shape, dtype=np.result_type(x, y))
@@ -76,7 +76,7 @@ def _product(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None = None)
     else:
         product = KERNELS.matmul(x, y) if type(x) is np.ndarray else device_product(x, y)
     if config.watchers:  # count_ops among them
-        hooks.publish("product counted", config.phase, 2 * product.size * x.shape[-1])
+        hooks.publish("product counted", 2 * product.size * x.shape[-1])
     return product
 
 

@@ -11,7 +11,8 @@ the engine, where a dropped value's ``rematerializer`` recomputes it through thi
 """
 from __future__ import annotations
 
-from ..modes import no_grad, phase
+from ..modes import no_grad
+from ..scopes import phase
 
 
 class Runner:

@@ -17,8 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from ... import trace
-from ...modes import phase
 from ...errors import GraphError
+from ...scopes import phase
 from ...tensor import Tensor, backward_step
 from ..runner import Runner
 from .graph import Graph
