@@ -7,7 +7,9 @@ Variants (B = 1, H = 8, d = 64, float32, a forward + backward step of loss = sum
 ``naive_attention`` and ``flash_attention`` with each of FlashAttention's variants (flash's dropout
 redraws its mask from the seed in backward), against torch SDPA where SDPA has it: the
 window through a boolean ``attn_mask``, ALiBi through a float ``attn_mask``, dropout through
-``dropout_p``; softcap, which SDPA has not, against torch's eager S, tanh, softmax, P V. Then
+``dropout_p``, a value head dim of its own (dv = 128) as it is, packed sequences (``cu_seqlens``,
+four of lengths N/8, 3N/8, N/8, 3N/8) through a block-diagonal ``attn_mask``; softcap, which SDPA
+has not, against torch's eager S, tanh, softmax, P V. Then
 dropout's memory: the mask naive's step keeps (tracemalloc) against the 8 bytes of a seed.
 
 Decode (one query a sequence, GQA H = 32 over Hkv = 8, d = 128, float32): ``flash_decode`` against
@@ -29,18 +31,20 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ag  # noqa: E402
-from ag.attention import flash_attention, flash_decode, keep_mask, naive_attention  # noqa: E402
+from ag.attention import flash_attention, flash_attn_varlen, flash_decode, keep_mask, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from mlp import print_table  # noqa: E402
 
 VARIANTS = {"window (256, 0)": dict(causal=True, window_size=(256, 0)), "softcap 30": dict(softcap=30.0),
-            "alibi": dict(alibi_slopes=2.0 ** -np.arange(1, 9)), "dropout 0.1": dict(dropout_p=0.1, seed=1)}
+            "alibi": dict(alibi_slopes=2.0 ** -np.arange(1, 9)), "dropout 0.1": dict(dropout_p=0.1, seed=1),
+            "dv 128": dict(dv=128), "varlen, 4 seqs": dict(packed=True)}
 H, D = 8, 64
 DECODE_H, DECODE_H_KV, DECODE_D = 32, 8, 128
 
 
 def torch_variant(torch, q, k, v, options: dict):
-    """torch's O with the same variant: SDPA with a mask, a bias or dropout_p; softcap in eager ops."""
+    """torch's O with the same variant: SDPA with a mask, a bias or dropout_p (dv of its own: as it is);
+    softcap in eager ops."""
     f = torch.nn.functional
     n = q.shape[-2]
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
@@ -51,20 +55,37 @@ def torch_variant(torch, q, k, v, options: dict):
         return f.scaled_dot_product_attention(q, k, v, attn_mask=-slopes * (i - j).abs().to(q.dtype))
     if "dropout_p" in options:
         return f.scaled_dot_product_attention(q, k, v, dropout_p=options["dropout_p"])
+    if "packed" in options:
+        sequence = torch.from_numpy(np.repeat(np.arange(4), np.diff(cu_seqlens(n))))
+        return f.scaled_dot_product_attention(q, k, v, attn_mask=sequence[:, None] == sequence[None, :])
+    if "dv" in options:
+        return f.scaled_dot_product_attention(q, k, v)
     cap = options["softcap"]
     s = torch.tanh(q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5 * cap)) * cap
     return torch.softmax(s, dim=-1) @ v
 
 
 
+def cu_seqlens(n: int) -> list[int]:
+    """Four packed sequences of lengths N/8, 3N/8, N/8, 3N/8."""
+    return [0, n // 8, n // 2, n // 2 + n // 8, n]
+
+
 def variant_step(n: int, options: dict, framework: str):
     """A training step of loss = sum(O ∘ dO) with one variant, in ag ("naive", "flash") or torch."""
     rng = np.random.default_rng(0)
-    q, k, v, do = (rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(4))
+    dv = options.get("dv", D)
+    q, k = (rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(2))
+    v, do = (rng.standard_normal((1, H, n, dv), dtype=np.float32) for _ in range(2))
     if framework in ("naive", "flash"):
+        if "packed" in options:  # (H, total, d), as flash_attn_varlen packs them
+            tensors = [ag.Tensor(x[0], requires_grad=True) for x in (q, k, v)]
+            cu = cu_seqlens(n)
+            return lambda: ag.sum(ag.mul(flash_attn_varlen(*tensors, cu, cu, attention=framework), do[0])).backward()
         attention = naive_attention if framework == "naive" else flash_attention
+        ag_options = {key: value for key, value in options.items() if key != "dv"}
         tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
-        return lambda: ag.sum(ag.mul(attention(*tensors, **options), do)).backward()
+        return lambda: ag.sum(ag.mul(attention(*tensors, **ag_options), do)).backward()
     import torch
     tensors = [torch.from_numpy(x.copy()).requires_grad_() for x in (q, k, v)]
     return lambda: (torch_variant(torch, *tensors, options) * torch.from_numpy(do)).sum().backward()

@@ -12,7 +12,7 @@ from ag.attention import flash_attention, naive_attention
 from ag.attention.decode import flash_decode
 from ag.attention.shapes import Heads
 from ag.attention.variants import variants
-from ag.attention.varlen import flash_attn_varlen
+from ag.attention.varlen import flash_attn_varlen, sequence_seed
 
 torch = (pytest.importorskip("torch") if os.environ.get("AG_REQUIRE_TORCH") is None
          else importlib.import_module("torch"))
@@ -188,3 +188,24 @@ def test_a_packed_batch_with_a_window_and_alibi_equals_each_sequence_alone(atten
         alone = naive_attention(q[:, rows], k[:, cols], v[:, cols], causal="bottom_right", window_size=(4, 0),
                                 alibi_slopes=slopes[i])
         np.testing.assert_allclose(got[:, rows], alone, rtol=0, atol=1e-12)
+
+
+def test_dropout_in_a_packed_batch_gives_each_sequence_its_own_mask_in_flash_and_naive_alike():
+    q, k, v = packed()
+    weight = np.random.default_rng(1).standard_normal(q.shape)
+    steps = {}
+    for attention in ("flash", "naive"):
+        tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+        out = flash_attn_varlen(*tensors, CU_Q, CU_K, attention=attention, causal=True, dropout_p=0.3, seed=5)
+        ag.sum(out * weight).backward()
+        steps[attention] = [out.value] + [t.grad for t in tensors]
+    for name, f, n in zip(("O", "dq", "dk", "dv"), steps["flash"], steps["naive"]):
+        np.testing.assert_allclose(f, n, rtol=0, atol=1e-12, err_msg=name)
+    for i in range(len(CU_Q) - 1):  # sequence i alone, with its own seed
+        rows, cols = slice(CU_Q[i], CU_Q[i + 1]), slice(CU_K[i], CU_K[i + 1])
+        alone = naive_attention(q[:, rows], k[:, cols], v[:, cols], causal=True, dropout_p=0.3,
+                                seed=sequence_seed(5, i))
+        np.testing.assert_allclose(steps["flash"][0][:, rows], alone, rtol=0, atol=1e-12)
+    twice = [np.concatenate([x[:, :7]] * 2, axis=1) for x in (q, k, v)]
+    o = flash_attn_varlen(*twice, [0, 7, 14], [0, 7, 14], dropout_p=0.5, seed=5)
+    assert not np.allclose(o[:, :7], o[:, 7:]), "two equal sequences drew the same mask"

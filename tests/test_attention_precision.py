@@ -9,6 +9,8 @@ import pytest
 
 import ag
 from ag.attention import flash_attention
+from ag.attention.flash import tiled_passes
+from ag.attention.shapes import check_shapes
 
 GRADS = ("o", "dq", "dk", "dv")
 
@@ -115,6 +117,22 @@ def test_a_narrow_float_is_computed_in_float32_and_rounded_once(dtype):
     assert out.dtype == dtype and lse.dtype == np.float32
     np.testing.assert_array_equal(out, wide.astype(dtype))
     np.testing.assert_array_equal(lse, wide_lse)
+
+
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("dtype", low_precision_dtypes())
+def test_a_narrow_floats_backward_is_the_float32_backward_rounded_once(dtype, causal):
+    """dq, dk, dv of float16 or bfloat16 inputs are the classroom's float32 backward of the same q, k, v,
+    dO, the rounded O and L, rounded once: D = rowsum(dO ∘ O), dP − D and every accumulator in float32."""
+    q, k, v, do = inputs(113, 203, 32, 4, 2, dtype, seed=1)
+    tensors = [ag.Tensor(x, requires_grad=True) for x in (q, k, v)]
+    out, lse = flash_attention(*tensors, causal=causal, return_lse=True)
+    out.backward(do)
+    _, backward = tiled_passes(check_shapes("test", q, k, v), causal, 32 ** -0.5, None, None)
+    wide = backward(*(x.astype(np.float32) for x in (q, k, v, out.value)), lse, do.astype(np.float32))
+    for name, t, g in zip("qkv", tensors, wide):
+        assert t.grad.dtype == dtype and g.dtype == np.float32, name
+        np.testing.assert_array_equal(t.grad, g.astype(dtype), err_msg=f"d{name}")
 
 
 @pytest.mark.parametrize("n_q, n_k, d, h, h_kv, causal", [(113, 203, 32, 2, 1, False), (239, 1, 64, 2, 2, False),

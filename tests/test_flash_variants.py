@@ -202,3 +202,14 @@ def test_dropout_keeps_its_seed_not_an_n_by_n_mask_between_forward_and_backward(
     plain, dropped = _held_and_backward_peak(n), _held_and_backward_peak(n, dropout_p=0.2, seed=1)
     assert dropped[0] - plain[0] < n * n / 8, "held after forward: not even a bit-packed N x N mask"
     assert dropped[1] - plain[1] < n * n / 4, "backward's peak: a tile's mask at a time, not a byte per entry of P"
+
+
+def test_a_windows_memory_grows_linearly_in_n_and_holds_no_mask_beside_the_plain_steps():
+    """tracemalloc: a window's forward and backward hold what the plain step holds (O, L, the grads,
+    a tile's scores and mask), linear in N; its mask is made a tile at a time, never N × N."""
+    window = dict(window_size=(64, 0), causal=True)
+    _held_and_backward_peak(256, **window)  # first calls fill caches that later ones reuse
+    step = {n: sum(_held_and_backward_peak(n, **window)) for n in (1024, 2048, 4096)}
+    assert step[4096] - step[2048] < 2.5 * (step[2048] - step[1024]), step  # quadratic: 4 ×
+    plain = sum(_held_and_backward_peak(4096, causal=True))
+    assert step[4096] - plain < 4096 * 64, (step, plain)  # no N × N, nor N × window, array

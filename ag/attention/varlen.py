@@ -6,14 +6,17 @@ import numpy as np
 
 from ..ops import ShapeError, concat, getitem
 from ..tensor import Tensor
+from .dropout import check_seed
 from .flash import flash_attention
 from .naive import naive_attention
 
 ATTENTIONS = {"flash": flash_attention, "naive": naive_attention}
+# dropout: each sequence's call numbers its heads from 0, so each takes a seed (a Philox key) of its own
+SEED_STEP = 0x9E3779B97F4A7C15
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, attention: str = "flash", alibi_slopes=None,
-                      **options):
+                      seed: int | None = None, **options):
     """Sequence i is q[:, cu_seqlens_q[i]:cu_seqlens_q[i+1]] against k and v[:, cu_seqlens_k[i]:
     cu_seqlens_k[i+1]], each run through ``attention`` ("flash": ``flash_attention``, "naive") alone,
     and the outputs packed again as q is.
@@ -21,14 +24,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, attention: str = "
     q is (H, total_q, d) and k, v are (Hkv, total_k, d): ag's layout, tokens second to last, with
     the batch packed along them. ``cu_seqlens_*``: the B + 1 cumulative lengths, from 0 to total.
     ``alibi_slopes`` (H,) or (B, H): sequence i takes its row. Other ``options`` (causal, scale,
-    window_size, ...) go to ``attention`` as they are. Tensors in, a Tensor out (autograd through
-    each call and the slices).
+    window_size, ...) go to ``attention`` as they are, but ``seed``: with ``dropout_p``, sequence i
+    draws its mask from ``sequence_seed(seed, i)``. Tensors in, a Tensor out (autograd through each
+    call and the slices).
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"flash_attn_varlen: attention must be 'flash' or 'naive', got {attention!r}")
-    if options.get("dropout_p"):
-        raise ValueError("flash_attn_varlen: dropout_p is not supported: each sequence would draw "
-                         "the same mask (its heads are numbered from 0)")
     tensors = any(isinstance(x, Tensor) for x in (q, k, v))
     q, k, v = (x if isinstance(x, Tensor) else Tensor(x) for x in (q, k, v))
     starts_q, starts_k = check_cu_seqlens(q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -37,10 +38,17 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, attention: str = "
         rows, cols = slice(starts_q[i], starts_q[i + 1]), slice(starts_k[i], starts_k[i + 1])
         if alibi_slopes is not None:
             options["alibi_slopes"] = np.asarray(alibi_slopes)[i] if np.ndim(alibi_slopes) == 2 else alibi_slopes
+        if options.get("dropout_p"):
+            options["seed"] = sequence_seed(seed, i)
         outputs.append(ATTENTIONS[attention](getitem(q, (slice(None), rows)), getitem(k, (slice(None), cols)),
                                              getitem(v, (slice(None), cols)), **options))
     o = concat(outputs, axis=-2)
     return o if tensors else o.value
+
+
+def sequence_seed(seed: int | None, i: int) -> int | None:
+    """The dropout seed of packed sequence i: seed + i · ``SEED_STEP`` (mod 2^64); None stays None."""
+    return None if seed is None else (check_seed(seed) + i * SEED_STEP) % 2 ** 64
 
 
 def check_cu_seqlens(q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[list[int], list[int]]:
