@@ -17,6 +17,7 @@ import ag
 from ag import memory_model, nn, remat
 from ag.remat import examples
 from ag.attention import flash_attention
+from ag.remat.graphs.execute import keep_all
 from ag.remat.graphs.model import prune, stage_peak
 
 if os.environ.get("AG_REQUIRE_SOLVER"):
@@ -730,3 +731,14 @@ def test_lecture_6_4_prints_what_its_comments_say(capsys):
         exec(compile(block, "lecture 6.4", "exec"), namespace)
         said = [line[2:] for line in block.splitlines() if line.startswith("# ")]
         assert capsys.readouterr().out.splitlines() == said
+
+
+def test_execute_measures_the_predicted_peak_of_a_hundred_node_residual_mlp():
+    """Issue 52: on small arrays (64 x 64 float32), execute's own bookkeeping must not be traced."""
+    fn, inputs = examples.residual_mlp(blocks=33, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    schedule = remat.Schedule(graph, *keep_all(graph), "keep all")
+    measured = remat.execute(schedule).peak_bytes
+    assert graph.n > 100
+    assert abs(measured - schedule.predicted_peak_bytes) <= 0.05 * schedule.predicted_peak_bytes, \
+        (measured, schedule.predicted_peak_bytes)

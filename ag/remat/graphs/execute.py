@@ -132,8 +132,12 @@ class Run(Runner):
         return total
 
     def run(self, R: np.ndarray, S: np.ndarray) -> float:
+        return self.play(events(self.graph, R, S))
+
+    def play(self, plan) -> float:
+        """Run the events ``plan`` lists: ("free" | "compute" | "backward", stage, node or step)."""
         stage = -1
-        for kind, t, x in events(self.graph, R, S):
+        for kind, t, x in plan:
             if t != stage:
                 stage = t
                 self.memory.stage(t)
@@ -202,9 +206,10 @@ def execute(schedule, *, trace_memory: bool = True) -> Execution:
             loss = Run(schedule.graph).run(schedule.R, schedule.S)
         return Execution(None, int(counts.flops["recompute"]), schedule.predicted_peak_bytes,
                          time.perf_counter() - start, loss)
+    plan = list(events(schedule.graph, schedule.R, schedule.S))  # the schedule's lists stay untraced
     with traced(schedule.graph) as measured:
         run = Run(schedule.graph)
-        loss = run.run(schedule.R, schedule.S)
+        loss = run.play(plan)
         del run
     return Execution(measured.peak_bytes, measured.recompute_flops, schedule.predicted_peak_bytes,
                      time.perf_counter() - start, loss)
