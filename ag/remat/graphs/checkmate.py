@@ -476,6 +476,25 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     return max(0.0, bound)
 
 
+class _Rows:
+    """A sparse program's constraints A z ≥ lo, written a row at a time: ``row([(column, coefficient), …], lo)``."""
+
+    def __init__(self) -> None:
+        self.rows, self.cols, self.vals, self.lo = [], [], [], []
+
+    def __call__(self, entries, low) -> None:
+        for col, val in entries:
+            self.rows.append(len(self.lo))
+            self.cols.append(col)
+            self.vals.append(val)
+        self.lo.append(low)
+
+    def matrix(self, sparse, count: int) -> tuple:
+        """(A, lo) with ``count`` columns."""
+        return (sparse.csr_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), count)),
+                np.array(self.lo, dtype=float))
+
+
 def _windowed_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
     """(c, A, lo), A z ≥ lo, of the covering program with remakes counted window by window. For
     instants τ_1 < … < τ_K (``chosen``, in order) and the windows W_k = (τ_k, τ_{k+1}] (W_K runs
@@ -490,14 +509,7 @@ def _windowed_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
 
     A schedule is a solution, at a cost no more than its recompute: a value read in W_k was
     resident at τ_k or computed in W_k before the read (so were a computation's inputs)."""
-    n, rows, cols, vals, lo = graph.n, [], [], [], []
-
-    def row(entries, low):
-        for col, val in entries:
-            rows.append(len(lo))
-            cols.append(col)
-            vals.append(val)
-        lo.append(low)
+    n, row = graph.n, _Rows()
     reads = [graph.with_bases(node.deps) | {k} for k, node in enumerate(graph.nodes)]
     reads += [graph.with_bases(step.reads) for step in graph.steps]
     made = [range(min(index, n)) for index, *_ in chosen]
@@ -526,20 +538,13 @@ def _windowed_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
     c = np.zeros(count)
     for zk in z:
         c[list(zk.values())] = [graph.nodes[u].flops for u in zk]
-    return c, sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count)), np.array(lo, dtype=float)
+    return (c, *row.matrix(sparse, count))
 
 
 def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline: float) -> tuple:
     """(c, A, lo, upper) of ``recompute_lower_bound``'s program, A x ≥ lo, x ≤ upper: x first, then
     h and y per instant, r per window, c last."""
-    n, rows, cols, vals, lo = graph.n, [], [], [], []
-
-    def row(entries, low):
-        for col, val in entries:
-            rows.append(len(lo))
-            cols.append(col)
-            vals.append(val)
-        lo.append(low)
+    n, row = graph.n, _Rows()
     count, resident = n, {}
     for index, needed, fixed, alive in chosen:
         check_deadline(deadline)
@@ -577,8 +582,7 @@ def _covering_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
         row([(count + u, 1), (u, -1)], 0)
     upper = np.ones(count + n)
     upper[count:] = [max(1, len(made_again[u])) for u in range(n)]
-    A = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo), count + n))
-    return c, A, np.array(lo, dtype=float), upper
+    return (c, *row.matrix(sparse, count + n), upper)
 
 
 def _reads(graph: Graph, t: int) -> set[int]:
