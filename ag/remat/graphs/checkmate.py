@@ -458,16 +458,16 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
     bound = float(lp.fun) if lp.x is not None else 0.0
-    windowed = [lambda: _windowed_program(graph, overflowing[-windows:], budget, highs.sparse, deadline)]
-    for program in [lambda: (c, A, lo)] + (windowed if windows else []):
+    windowed = [lambda: (*_windowed_program(graph, overflowing[-windows:], budget, highs.sparse, deadline), 1)]
+    for program in [lambda: (c, A, lo, upper)] + (windowed if windows else []):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.01:
             break
         try:
-            c_, A_, lo_ = program()
+            c_, A_, lo_, upper_ = program()
         except OutOfTime:
             break
-        result = _highs(highs.milp, deadline, c_, integrality=np.ones(len(c_)), bounds=highs.Bounds(0, 1),
+        result = _highs(highs.milp, deadline, c_, integrality=np.ones(len(c_)), bounds=highs.Bounds(0, upper_),
                         constraints=highs.LinearConstraint(A_, lo_, np.inf),
                         options={"time_limit": max(0.01, deadline - time.perf_counter()), "disp": False})
         dual = getattr(result, "mip_dual_bound", None)  # not ``fun``: HiGHS stops within a relative gap
@@ -510,8 +510,7 @@ def _windowed_program(graph: Graph, chosen: list, budget: int, sparse, deadline:
     A schedule is a solution, at a cost no more than its recompute: a value read in W_k was
     resident at τ_k or computed in W_k before the read (so were a computation's inputs)."""
     n, row = graph.n, _Rows()
-    reads = [graph.with_bases(node.deps) | {k} for k, node in enumerate(graph.nodes)]
-    reads += [graph.with_bases(step.reads) for step in graph.steps]
+    reads = [_reads(graph, t) for t in range(graph.stages)]
     made = [range(min(index, n)) for index, *_ in chosen]
     h, count = [], 0
     for before in made:
