@@ -12,8 +12,8 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
-from ag.remat.graphs.checkmate import (NoScheduleFits, carry_bound_bytes, dtr_schedule, recompute_lower_bound,
-                                      warm_starts)
+from ag.remat.graphs.bounds import carry_bound_bytes, recompute_lower_bound
+from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, warm_starts
 from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop, moved_down
 from ag.remat.graphs.keep import complete
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice

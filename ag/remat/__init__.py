@@ -40,7 +40,8 @@ from .chains.plans import STRATEGIES, mode_for, plan
 from .chains.sequential import Layer, sequential
 from .graphs import examples
 from .graphs.capture import capture
-from .graphs.checkmate import carry_bound_bytes, checkmate, lower_bound_bytes
+from .graphs.bounds import carry_bound_bytes, lower_bound_bytes
+from .graphs.checkmate import checkmate
 from .graphs.dtr import HEURISTICS, DynamicRun, dynamic
 from .graphs.execute import Execution, execute
 from .graphs.graph import BackwardStep, CaptureError, Graph, Node

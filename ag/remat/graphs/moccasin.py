@@ -34,7 +34,7 @@ When C suffices: C_v = need_until(v) - v + 1 (the stages that may compute v). A 
 node at most once, so with that many every Checkmate schedule is an assignment of these variables
 and the optima are equal. With fewer, the optimum is over the schedules that compute no node more
 than C times, and only then is CP-SAT's bound a bound for every schedule (C = 1: no recomputation).
-The covering bound (``checkmate.recompute_lower_bound``) is one for every C: the objective is
+The covering bound (``bounds.recompute_lower_bound``) is one for every C: the objective is
 constrained to it, and a warm start that meets it is optimal with no search.
 """
 from __future__ import annotations
@@ -43,8 +43,9 @@ import time
 
 import numpy as np
 
-from .checkmate import (WARM_SHARE, NoScheduleFits, OutOfTime, carry_bound_bytes, check_deadline, need_until,
-                        read_back_seconds, recompute_lower_bound, warm_starts, with_bound)
+from .bounds import carry_bound_bytes, recompute_lower_bound
+from .checkmate import WARM_SHARE, NoScheduleFits, need_until, read_back_seconds, warm_starts, with_bound
+from .highs import OutOfTime, check_deadline
 from .graph import Graph
 from .model import prune
 from .schedule import Schedule, cheapest_within
