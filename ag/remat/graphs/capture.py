@@ -3,7 +3,9 @@
 Capture subscribes to the engine's events: "op run" for each output, "scope entered" and
 "scope left" for the blocks ``nn`` names. It then runs the step with everything kept
 (``execute``'s own code path) to measure what no plan changes: each op's transient workspace,
-the grads alive at each backward step and each step's transient bytes.
+its hidden bytes (what making it leaves alive beside its value's buffer: its Tensor, its
+backward closure, a dropout mask), the grads alive at each backward step and each step's
+transient bytes.
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ class _Recorder:
         if output.value.base is not None:  # a view of one of its arguments?
             source = next((t for t in call.tensors() if _shares(output, t)), None)
         entry = {"call": call, "flops": flops - self.flops_seen, "scope": tuple(self.scopes),
-                 "hidden": _closure_bytes(output._backward), "bytes": int(output.nbytes), "source": source}
+                 "bytes": int(output.nbytes), "source": source}
         self.flops_seen = flops
         self.entries.append((output, entry))
 
@@ -103,7 +105,7 @@ class _Recorder:
             source = e["source"]
             view_of = index.get(made.get(id(source), -1)) if source is not None else None
             nodes.append(Node(new, t.op, tuple(t.shape), np.dtype(t.dtype), 0 if source is not None else e["bytes"],
-                              e["hidden"], e["flops"], tuple(deps), view_of,
+                              0, e["flops"], tuple(deps), view_of,
                               t._backward is not None, e["scope"], e["call"]))
         position = {id(t): k for k, t in enumerate(tensors)}
         steps = _backward_steps(loss, nodes, position)
@@ -120,39 +122,6 @@ def _call_of(output: Tensor, op_call: tuple) -> Call:
         raise CaptureError(f"capture: op {output.op} gave make_output no call=(fn, *args), so its output "
                            "cannot be recomputed by calling it again")
     return Call(op_call[0], tuple(op_call[1:]), {})
-
-
-def _closure_bytes(closure) -> int:
-    """Bytes of the arrays a backward closure keeps (not Tensors' values: those are nodes or leaves)."""
-    seen: set[int] = set()
-    total = 0
-    stack = [closure]
-    visited: set[int] = set()
-    while stack:
-        obj = stack.pop()
-        if id(obj) in visited:
-            continue
-        visited.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            base = obj
-            while base.base is not None:
-                base = base.base
-            if id(base) not in seen:
-                seen.add(id(base))
-                total += base.nbytes
-        elif callable(obj) and getattr(obj, "__closure__", None):
-            stack.extend(cell.cell_contents for cell in obj.__closure__ if _filled(cell))
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-    return total
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 def _shares(a: Tensor, b: Tensor) -> bool:

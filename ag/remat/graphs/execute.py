@@ -5,6 +5,7 @@ FLOPs with ``count_ops``. The grads land in the leaves' ``.grad``, as after ``ba
 ``Run`` is the one runner (``remat.runner``) on a graph: node k is an op, made once with a graph
 (stage t < n), which gives it a fresh Tensor and backward closure; a recomputation calls the op
 again without a graph and puts the value back into that Tensor, whose closure never went away.
+Once its backward step has run and its value is freed, the Tensor goes too.
 """
 from __future__ import annotations
 
@@ -46,10 +47,10 @@ class Run(Runner):
         super().__init__(graph.n)
         self.graph = graph
         self.tensors: list[Tensor | None] = [None] * graph.n
-        self.done: set[int] = set()  # nodes whose backward step has run
         self.resident: set[int] = set()
         self.memory = Memory(graph)
         self.workspace: dict[int, int] = {}
+        self.kept: dict[int, int] = {}
         self.extra: dict[int, int] = {}
         self.grads: dict[int, int] = {}
         self.measuring = False
@@ -79,19 +80,26 @@ class Run(Runner):
             self.tensors[k] = self.graph.nodes[k].call.run(self.value_of)
 
     def again(self, k: int, x=None) -> None:
-        self.tensors[k].value = self.graph.nodes[k].call.run(self.value_of).value
+        made = self.graph.nodes[k].call.run(self.value_of)
+        if self.tensors[k] is None:  # remade after its backward step, which took its Tensor
+            self.tensors[k] = made
+        else:
+            self.tensors[k].value = made.value
 
     def compute(self, k: int) -> None:
-        """The runner's compute, with the event's bookkeeping: R, the workspace, the model's bytes."""
+        """The runner's compute, with the event's bookkeeping: R, the workspace, what it leaves
+        alive, the model's bytes."""
         self.note_stage()
         if self.R.size:
             self.R[self.t, k] = True
         if self.measuring:
             tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
         super().compute(k)
         if self.measuring:
             now, peak = tracemalloc.get_traced_memory()
             self.workspace[k] = max(0, peak - now)
+            self.kept[k] = now - before
         self.resident.add(k)
         self.memory.compute(k)
         if k == self.graph.loss:
@@ -102,6 +110,7 @@ class Run(Runner):
         self.tensors[k].value = None
         self.resident.discard(k)
         self.memory.free(k)
+        self.forget_if_done(k)
 
     def backward(self, j: int) -> None:
         step = self.graph.steps[j]
@@ -115,9 +124,15 @@ class Run(Runner):
             before = tracemalloc.get_traced_memory()[0]
         self.memory.backward(j)
         backward_step(t)
-        self.done.add(step.node)
+        self.forget_if_done(step.node)
         if self.measuring:
             self.extra[j] = max(0, tracemalloc.get_traced_memory()[1] - before)
+
+    def forget_if_done(self, k: int) -> None:
+        """Drop node k's Tensor once its backward step has run and its value is freed: nothing
+        reads it again, and its hidden bytes left the model with the step."""
+        if k not in self.resident and self.tensors[k]._graph_freed:
+            self.tensors[k] = None
 
     def _grad_bytes(self) -> int:
         seen: set[int] = set()
@@ -158,25 +173,29 @@ def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 def measure(graph: Graph, times: int = 3) -> None:
     """Run the step, keeping everything, to measure what no plan changes: each node's workspace,
-    the grads alive before each backward step and each step's transient bytes. The leaves'
-    grads are put back as they were.
+    its hidden bytes (what its first computation leaves alive beside its value's buffer: its
+    Tensor, its backward closure and the arrays that keeps), the grads alive before each backward
+    step and each step's transient bytes. The leaves' grads are put back as they were.
 
     A run's transient bytes include the interpreter's small objects, which CPython's free lists
     serve untraced or not depending on what ran before; the least of ``times`` measurings is the
     step's own, the same in a fresh process as in a warm one."""
     saved = [leaf.grad for leaf in graph.leaves]
     workspace = [None] * graph.n
+    kept = [None] * graph.n
     extra = [None] * len(graph.steps)
     try:
         for _ in range(times):
             run = _measured_run(graph)
             workspace = [_least(w, run.workspace.get(k, 0)) for k, w in enumerate(workspace)]
+            kept = [_least(w, run.kept.get(k, 0)) for k, w in enumerate(kept)]
             extra = [_least(e, run.extra.get(j, 0)) for j, e in enumerate(extra)]
     finally:
         for leaf, grad in zip(graph.leaves, saved):
             leaf.grad = grad
-    for node, bytes_ in zip(graph.nodes, workspace):
+    for node, bytes_, left in zip(graph.nodes, workspace, kept):
         node.workspace_bytes = bytes_
+        node.hidden_bytes = max(0, left - node.bytes)
     for j, step in enumerate(graph.steps):
         step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), extra[j]
 
@@ -207,10 +226,9 @@ def execute(schedule, *, trace_memory: bool = True) -> Execution:
         return Execution(None, int(counts.flops["recompute"]), schedule.predicted_peak_bytes,
                          time.perf_counter() - start, loss)
     plan = list(events(schedule.graph, schedule.R, schedule.S))  # the schedule's lists stay untraced
+    run = Run(schedule.graph)  # and the runner's
     with traced(schedule.graph) as measured:
-        run = Run(schedule.graph)
         loss = run.play(plan)
-        del run
     return Execution(measured.peak_bytes, measured.recompute_flops, schedule.predicted_peak_bytes,
                      time.perf_counter() - start, loss)
 

@@ -6,9 +6,10 @@ function, so capture keeps the function and the arguments it held when it made i
 and any node can be recomputed by calling its op once more on its inputs' values.
 
 A backward step is one node's ``_backward``: it reads the values the op declared (``saves=``,
-and the output where ``saves_output``). What the closure keeps beside them (dropout's mask,
-flash attention's logsumexp) lives from the node's first computation to its backward step,
-whatever the plan: a captured graph has no seed to draw a mask again from.
+and the output where ``saves_output``). What the node's graph keeps beside them, its hidden
+bytes (its Tensor, the closure, and the arrays that keeps: dropout's mask, flash attention's
+logsumexp), lives from the node's first computation to its backward step, whatever the plan: a
+captured graph has no seed to draw a mask again from.
 
 ``capture`` (``ag.remat.capture``) records one; ``ag.remat.model`` turns what it measured into
 one memory model, shared by every planner and by ``execute``.
@@ -76,7 +77,7 @@ class Node:
     shape: tuple[int, ...]
     dtype: np.dtype
     bytes: int              # its own buffer; 0 for a view of another node's
-    hidden_bytes: int       # arrays its backward closure keeps (a mask, a logsumexp), until its backward step
+    hidden_bytes: int       # its Tensor, closure and the arrays that keeps (a mask), until its backward step
     flops: int
     deps: tuple[int, ...]   # the nodes among its arguments
     view_of: int | None     # the node whose buffer it views
@@ -147,12 +148,13 @@ class Graph:
         return int(sum(node.flops for node in self.nodes))
 
     def hidden_bytes_at(self, stage: int) -> int:
-        """Bytes the closures keep when ``stage`` starts: nodes made before it whose backward step
-        has not run (a forward stage t follows the first computations of nodes 0..t-1)."""
+        """Hidden bytes alive when ``stage`` starts: of the nodes made before it whose backward
+        step has not run (a forward stage t follows the first computations of nodes 0..t-1)."""
         n = len(self.nodes)
         if stage < n:
             return sum(node.hidden_bytes for node in self.nodes[:stage])
-        return sum(self.nodes[step.node].hidden_bytes for step in self.steps[stage - n:])
+        ran = {step.node for step in self.steps[:stage - n]}
+        return sum(node.hidden_bytes for node in self.nodes if node.index not in ran)
 
     def views(self, index: int) -> list[int]:
         """The nodes that view ``index``'s buffer, directly or through other views."""

@@ -14,8 +14,9 @@ recompute earlier ones); stage n + j runs backward step j. Inside a stage:
 3. a backward stage then runs its step, which needs its reads resident;
 4. what the next stage does not keep is freed.
 
-Bytes alive = the leaves + the resident nodes' values + the arrays kept by closures whose
-backward step has not run (a dropout mask) + the grads alive at that backward step.
+Bytes alive = the leaves + the resident nodes' values + the hidden bytes of the nodes made
+whose backward step has not run (each one's Tensor and closure, and the arrays that keeps: a
+dropout mask) + the grads alive at that backward step.
 Computing node k peaks at that plus its size plus its workspace; a backward step at that plus its
 transient bytes. A view costs nothing itself but keeps its base: it is resident only with it.
 """
@@ -123,8 +124,6 @@ def stage_peak(graph: Graph, t: int, kept, computes, keep_next) -> int:
     """The model's peak over stage t alone, given what it keeps in, computes and hands on
     (what a search over schedules needs: a stage's peak depends on nothing else)."""
     memory = Memory(graph)
-    n = graph.n
-    memory.made = set(range(t)) if t < n else set(range(n))
     memory.hidden = graph.hidden_bytes_at(t)
     memory.values = sum(graph.nodes[i].size for i in kept)
     memory.stage(t)
@@ -139,9 +138,8 @@ class Memory:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.values = 0
-        self.hidden = 0  # closures' arrays: from a node's first computation to its backward step
+        self.hidden = 0  # a node's graph: from its first computation to its backward step
         self.grads = 0
-        self.made: set[int] = set()
         self.leaf_bytes = graph.leaf_bytes  # the leaves stay: summed once
         self.peak = self.leaf_bytes
         self.t = -1  # the stage running
@@ -158,8 +156,7 @@ class Memory:
     def compute(self, k: int) -> None:
         node = self.graph.nodes[k]
         self.values += node.size
-        if k not in self.made:
-            self.made.add(k)
+        if k == self.t:  # the frontier: node k is first computed in stage k
             self.hidden += node.hidden_bytes
         self.peak = max(self.peak, self.alive + node.workspace_bytes)
 
