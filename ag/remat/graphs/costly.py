@@ -2,7 +2,8 @@
 from its inputs, so ``keep_costly(graph, budget)`` keeps only what costs FLOPs to remake and lets
 ``keep.complete`` remake the free ops in every stage that reads them; at tight budgets, where that
 remakes long chains of free ops from afar, it keeps every m-th of them too (Chen's sqrt rule),
-or one free op in place of the kept values it is remade from (``_merged``).
+or one free op in place of the kept values it is remade from (``_merged``); at the peak, a free
+op that a backward step reads in place of its costly inputs (``_swapped``).
 """
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def free_depth(graph: Graph) -> list[int]:
 
 
 def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), every: int = 0,
-                   merge: bool = False) -> Schedule:
+                   merge: bool = False, swap: bool = True) -> Schedule:
     """Keep K = {v : flops_v > 0}, each moved down to its relu (``moved_down``), and, if ``every``,
     each free v with d_v a multiple of it, from its computation on; if ``merge``, one free op in
     place of the values it is remade from (``_merged``); remake the free ops (``complete``).
-    While the peak exceeds ``budget``, at the peak's stage t take the kept v that frees the most
+    While the peak exceeds ``budget``, at the peak's stage t: if ``swap`` and t is a backward
+    stage that remakes a free op it reads, keep that op in place of its costly inputs
+    (``_swapped``) where that lowers the peak; else take the kept v that frees the most
     bytes a FLOP (``_bytes_a_flop``; a free one first): if t does not use v, keep v out of
     stages t .. u, u its next use (remade there, kept again after); if every kept v is used at t,
     free one after its last use in t until its next use u > t (the one used last that lowers the
@@ -69,6 +72,10 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
         if not costly:
             return best  # what overflows is not kept: no drop helps
         by_ratio = sorted(costly, key=lambda v: (-_bytes_a_flop(graph, v), v))
+        swapped = _swapped(graph, best, wanted, t) if swap else None
+        if swapped is not None and _lower(swapped[0], best):
+            best, wanted = swapped
+            continue
         unused = [v for v in by_ratio if best.S[t, v] and not _used(graph, best, t, v)]
         if unused:
             best, wanted = _drop(graph, best, wanted, unused[0], t)
@@ -129,6 +136,27 @@ def _merged(graph: Graph, wanted: np.ndarray) -> np.ndarray:
                 wanted[c + 1:read_at.get(a, graph.stages), a] = False
             return wanted
     return wanted
+
+
+def _swapped(graph: Graph, best: Schedule, wanted: np.ndarray, t: int) -> tuple[Schedule, np.ndarray] | None:
+    """Keep the free op c that backward stage t reads and remakes, from its computation on, in
+    place of its kept inputs that cost FLOPs: each out from c's computation until its next use
+    after t (remade there, once). At t, c is held instead of the inputs it was remade from."""
+    if t < graph.n:
+        return None
+    remade = [c for c in sorted(graph.with_bases(graph.steps[t - graph.n].reads))
+              if best.R[t, c] and not graph.nodes[c].flops and not wanted[t, c]]
+    if not remade:
+        return None
+    c = remade[0]
+    inputs = [a for a in graph.nodes[c].deps if wanted[t, a] and np.isfinite(_bytes_a_flop(graph, a))]
+    if not inputs:
+        return None
+    wanted = wanted.copy()
+    wanted[c + 1:t + 1, c] = True
+    for a in inputs:
+        wanted[c + 1:_next_use(graph, best, a, t + 1) + 1, a] = False
+    return complete(graph, wanted, "keep costly"), wanted
 
 
 def _bytes_a_flop(graph: Graph, v: int) -> float:
