@@ -132,7 +132,8 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
     bound = float(lp.fun) if lp.x is not None else 0.0
-    windowed = [lambda: (*_windowed_program(graph, _least_room(overflowing, windows), budget, highs.sparse, deadline), 1)]
+    tightest = _least_room(overflowing, windows)
+    windowed = [lambda: (*_windowed_program(graph, tightest, budget, highs.sparse, deadline), 1)]
     for program in [lambda: (c, A, lo, upper)] + (windowed if windows else []):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.01:
