@@ -12,6 +12,7 @@ import pytest
 
 from ag import remat
 from ag.remat import examples
+from ag.remat.graphs import bounds
 from ag.remat.graphs.bounds import carry_bound_bytes, recompute_lower_bound
 from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, warm_starts
 from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop, moved_down
@@ -162,6 +163,19 @@ def test_counting_remakes_window_by_window_bounds_a_residual_mlp_at_its_lower_bo
     budget = budgets(graph)[0]
     once, windowed = recompute_lower_bound(graph, budget, windows=0), recompute_lower_bound(graph, budget)
     assert 0 < once < windowed <= keep_costly(graph, budget).recompute_flops
+
+
+def test_windows_between_the_instants_with_least_room_bound_a_transformer_above_the_last_instants(monkeypatch):
+    """On 2 layers at the second budget, what backward's matmul steps (their grads and transient
+    bytes the largest) cannot hold must be remade between them; the last instants that overflow
+    all lie in the first layer's backward and see less of that."""
+    fn, inputs = examples.transformer(layers=2, s=64, h=32)
+    graph = remat.capture(fn, *inputs)
+    budget = budgets(graph)[1]
+    least_room = recompute_lower_bound(graph, budget)
+    monkeypatch.setattr(bounds, "_least_room", lambda instants, count: instants[-count:])
+    last = recompute_lower_bound(graph, budget)
+    assert last < least_room <= keep_costly(graph, budget).recompute_flops
 
 
 def test_at_the_u_nets_middle_budget_the_covering_bound_is_the_optimum(small, monkeypatch):

@@ -95,7 +95,7 @@ def _instants(graph: Graph, budget: int, deadline: float) -> list[tuple[int, set
 
 
 def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("inf"), instants: int = 24,
-                          windows: int = 12) -> float:
+                          windows: int = 16) -> float:
     """No schedule within ``budget`` recomputes fewer FLOPs than this. For a few instants τ that
     every schedule has and that overflow if nothing is dropped (``_instants``), with
     x_v = "v is computed twice or more", h_{τ,u} = "u is resident at τ" and y_{τ,u} = "u is made
@@ -116,8 +116,8 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     after it; a value read in W_k and not resident at τ_k is computed in W_k, once per window), at
     a cost no more than its recompute; so the optimum, HiGHS' bound on it, or its LP optimum bounds
     every schedule. Any subset of instants keeps it valid: the ``instants`` that overflow most.
-    ``_windowed_program`` also carries residency from window to window over the ``windows`` last
-    instants that overflow; the larger of the two bounds is returned."""
+    ``_windowed_program`` also carries residency from window to window over the ``windows``
+    instants that leave the least room (``_least_room``); the larger of the two bounds is returned."""
     highs = highs_api()
     try:
         overflowing = _instants(graph, budget, deadline)
@@ -132,7 +132,8 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
     if lp.status == 2:
         return float("inf")  # a budget below ``lower_bound_bytes``: no schedule fits
     bound = float(lp.fun) if lp.x is not None else 0.0
-    windowed = [lambda: (*_windowed_program(graph, overflowing[-windows:], budget, highs.sparse, deadline), 1)]
+    tightest = _least_room(overflowing, windows)
+    windowed = [lambda: (*_windowed_program(graph, tightest, budget, highs.sparse, deadline), 1)]
     for program in [lambda: (c, A, lo, upper)] + (windowed if windows else []):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.01:
@@ -148,6 +149,12 @@ def recompute_lower_bound(graph: Graph, budget: int, deadline: float = float("in
         if dual is not None and np.isfinite(dual):
             bound = max(bound, float(dual))
     return max(0.0, bound)
+
+
+def _least_room(instants: list, count: int) -> list:
+    """The ``count`` instants whose fixed bytes leave a schedule the least room, in time order:
+    what it must carry from one to the next is priced where holding it costs most."""
+    return sorted(sorted(instants, key=lambda i: i[2])[-count:], key=lambda i: i[0])
 
 
 class _Rows:

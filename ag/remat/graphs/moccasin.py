@@ -65,7 +65,7 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     deadline = start + time_limit
     # keep_costly: its free ops remade more than C times, a schedule C intervals cannot state
     warm = warm_starts(graph, budget, deadline, enough=start + WARM_SHARE * time_limit, remake_free=True)
-    cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + 0.1 * time_limit))
+    cover = recompute_lower_bound(graph, budget, min(deadline, time.perf_counter() + BOUND_SHARE * time_limit))
     solve_by = deadline - read_back_seconds(graph, warm, time_limit)
     found, interval_bound, proved, infeasible = None, None, False, False
     if not (warm and warm[0].recompute_flops <= cover):  # else the warm start is proved optimal
@@ -91,6 +91,9 @@ def moccasin(graph: Graph, budget_bytes: int, *, intervals: int = 2, time_limit:
     schedule = _reported(graph, best, budget, seconds, intervals, interval_bound, proved and best is found, cover)
     schedule.found_by = found_by
     return schedule
+
+
+BOUND_SHARE = 0.2  # of the time limit at most, for the bound: it returns once its programs are solved
 
 
 def _cp_model():
