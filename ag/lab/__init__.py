@@ -11,7 +11,8 @@ one NumPy call over the whole array. The lab puts its variants into the ops' sea
 - ``subnormals``: exp with its subnormal results flushed to 0, for the softmax family's passes;
 - ``threads``: the pool that runs the blocks, and ``set_workers``;
 - ``flash``, ``flash_loops``, ``flash_tiles``, ``sharing``: ``flash_attention`` on NumPy with a fixed
-  shift, exp2, subnormals flushed and one call's heads shared among the threads.
+  shift, exp2, subnormals flushed and one call's heads shared among the threads; ``flash_variants``:
+  its variants (a window, softcap, ALiBi, dropout) on the threads, with the classroom's bits.
 
 The results are bit-identical for any number of workers. One switch, three ways: ``enable()`` and
 ``disable()``, ``with on(): ...``, or ``AG_LAB=1`` in the environment when ag is imported.
