@@ -1,6 +1,7 @@
 """The variants of ``flash_attention`` on the lab's threads (``ag.lab.flash_variants``): a window, both
 causal conventions, softcap, ALiBi, dropout, a value head dim of its own and GQA give the classroom's
-bits, forward and backward, for any number of workers, and the runs do go to other threads."""
+bits, forward and backward, for any number of workers, and the runs do go to other threads; and
+``flash_decode``'s batch entries, shared the same way."""
 import contextlib
 import threading
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import ag
-from ag.attention import flash_attention
+from ag.attention import decode, flash_attention, flash_decode
 from ag.attention.shapes import Heads
 from ag.attention.tiles import Tiles
 from ag.attention.variants import bh_index, variants
@@ -107,3 +108,28 @@ def test_a_calls_share_takes_its_heads_slopes_and_dropout_counters_and_counts_ro
     np.testing.assert_array_equal(share.bias(rows, cols, np.float64), call.bias(rows + 16, cols, np.float64)[1, 2:4])
     np.testing.assert_array_equal(share.keep(share.counters(heads), rows, cols, np.float64),
                                   call.keep(bh_index(heads)[1, 2:4], rows + 16, cols, np.float64))
+
+
+def test_flash_decode_shares_its_batch_entries_among_the_labs_threads_with_the_classrooms_bits(monkeypatch,
+                                                                                               threads_at_any_size):
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((5, 4, 2, D))
+    k_cache, v_cache = rng.standard_normal((5, 2, 60, D)), rng.standard_normal((5, 2, 60, DV))
+    options = dict(cache_seqlens=np.array([60, 0, 17, 33, 1]), num_splits=3, window_size=(20, 0),
+                   alibi_slopes=SLOPES[:1].repeat(5, axis=0), return_lse=True)
+    want = flash_decode(q, k_cache, v_cache, **options)
+    seen, decode_entry = set(), decode.decode_entry
+
+    def spy(*args):
+        seen.add(threading.current_thread().name)
+        return decode_entry(*args)
+    monkeypatch.setattr(decode, "decode_entry", spy)
+    for workers in (1, 2, 3):
+        previous = ag.lab.set_workers(workers)
+        try:
+            with ag.lab.on():
+                got = flash_decode(q, k_cache, v_cache, **options)
+        finally:
+            ag.lab.set_workers(previous)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got)), f"{workers} workers"
+    assert seen == {"ag-attention", threading.current_thread().name}  # 1 worker: the caller; 2 and 3: threads
