@@ -83,10 +83,7 @@ def fixed_shift_passes(heads: Heads, causal, scale: float, block_q: int | None, 
 def _shared_out(tiles: LabTiles, dtype, threads: int, by_query_tile: bool = False) -> tuple[list, list[LabTiles]]:
     """The call's runs (``sharing``), and the tiles of each thread that takes them.
     ``by_query_tile`` (a forward): where the heads leave a thread idle, runs are cut by query tile."""
-    h = tiles.heads
-    head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
-    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)] if by_query_tile else None
-    runs = sharing.plan_runs(h.lead, h.h_kv, head_bytes, threads, query_tiles)
+    runs = sharing.runs_of(tiles, dtype, threads, by_query_tile)
     return runs, [tiles.for_run(runs[0]) for _ in range(min(threads, len(runs)))]
 
 

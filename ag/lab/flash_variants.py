@@ -37,7 +37,7 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
         def run_loop(run: sharing.Run) -> None:
             tiled_forward(run_tiles(forward_tiles, run), run.part(q, g, queries=True), run.part(k), run.part(v),
                           out=(run.part(o, g, queries=True), run.part(lse, g, axis=-2, queries=True)))
-        in_turns(runs(forward_tiles, q.dtype, threads, by_query_tile=True), threads, run_loop)
+        each_run(sharing.runs_of(forward_tiles, q.dtype, threads, by_query_tile=True), threads, run_loop)
         forward_tiles.count_products(2)  # S = QKᵀ, PV
         return o, lse
 
@@ -48,19 +48,10 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
             tiled_backward(run_tiles(backward_tiles, run), run.part(q, g), run.part(k), run.part(v), run.part(o, g),
                            run.part(lse, g, axis=-2), run.part(do, g),
                            grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
-        in_turns(runs(backward_tiles, q.dtype, threads), threads, run_loop)
+        each_run(sharing.runs_of(backward_tiles, q.dtype, threads), threads, run_loop)
         backward_tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
-
-
-def runs(tiles: Tiles, dtype, threads: int, by_query_tile: bool = False) -> list[sharing.Run]:
-    """The call's runs (``sharing.plan_runs``); ``by_query_tile`` (a forward): where the heads leave a
-    thread idle, cut by the call's own query tiles, so that each run's tiles are the classroom's."""
-    h = tiles.heads
-    head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
-    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)] if by_query_tile else None
-    return sharing.plan_runs(h.lead, h.h_kv, head_bytes, threads, query_tiles)
 
 
 def run_tiles(tiles: Tiles, run: sharing.Run) -> Tiles:
@@ -74,7 +65,7 @@ def run_tiles(tiles: Tiles, run: sharing.Run) -> Tiles:
                  variants=variants)
 
 
-def in_turns(runs: list[sharing.Run], threads: int, run_loop) -> None:
+def each_run(runs: list[sharing.Run], threads: int, run_loop) -> None:
     """``run_loop(run)`` for every run, on ``threads`` threads at most (``sharing.in_turns``); each
     run makes its own tiles, so a thread keeps nothing of one run for the next."""
     with one_blas_thread():
