@@ -69,7 +69,7 @@ from ag.attention import flash_attention, naive_attention  # noqa: E402
 from ag.attention.flash import DEFAULT_BLOCK_Q_BACKWARD  # noqa: E402
 from _timing import take_turns  # noqa: E402
 from _goals import goal, shown, verdict  # noqa: E402
-from mlp import busy_limit, in_lab, machine_lines, print_table  # noqa: E402
+from mlp import busy_limit, classroom, in_lab, machine_lines, print_table  # noqa: E402
 from _busy import busy_report  # noqa: E402
 import attention_variants  # noqa: E402
 
@@ -318,19 +318,6 @@ def busy(args, blocks: dict) -> None:
             busy_report(f"flash step, N = {n}, {mask_name(causal)}",
                         {"ag": classroom(flash.step), "ag lab": in_lab(flash.step), "torch": torch_sdpa.step},
                         args.repeats[args.sizes.index(n)], busy_limit(), print_table)
-
-
-def classroom(run: Callable[[], object]) -> Callable[[], object]:
-    """``run`` with ``ag.lab`` off, whatever the script switched on."""
-    def classroom_run():
-        was = ag.lab.enabled()
-        ag.lab.disable()
-        try:
-            return run()
-        finally:
-            if was:
-                ag.lab.enable()
-    return classroom_run
 
 
 def time_rows(n: int, causal: bool, blocks: dict, args) -> tuple[list[str], list[str]]:

@@ -4,8 +4,9 @@
     python benchmarks/attention_variants.py --quick                        # the same, smaller
 
 Variants (B = 1, H = 8, d = 64, float32, a forward + backward step of loss = sum(O ∘ dO)): ag's
-``naive_attention`` and ``flash_attention`` with each of FlashAttention's variants (flash's dropout
-redraws its mask from the seed in backward), against torch SDPA where SDPA has it: the
+``naive_attention`` and ``flash_attention`` on the classroom path, and flash in the lab (its runs of
+heads on the threads), with each of FlashAttention's variants (flash's dropout redraws its mask
+from the seed in backward), against torch SDPA where SDPA has it: the
 window through a boolean ``attn_mask``, ALiBi through a float ``attn_mask``, dropout through
 ``dropout_p``, a value head dim of its own (dv = 128) as it is, packed sequences (``cu_seqlens``,
 four of lengths N/8, 3N/8, N/8, 3N/8) through a block-diagonal ``attn_mask``; softcap, which SDPA
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ag  # noqa: E402
 from ag.attention import flash_attention, flash_attn_varlen, flash_decode, keep_mask, naive_attention  # noqa: E402
 from _timing import take_turns  # noqa: E402
-from mlp import print_table  # noqa: E402
+from mlp import classroom, in_lab, print_table  # noqa: E402
 
 VARIANTS = {"window (256, 0)": dict(causal=True, window_size=(256, 0)), "softcap 30": dict(softcap=30.0),
             "alibi": dict(alibi_slopes=2.0 ** -np.arange(1, 9)), "dropout 0.1": dict(dropout_p=0.1, seed=1),
@@ -95,13 +96,16 @@ def variant_table(sizes: list[int], repeats: int) -> None:
     rows = []
     for n in sizes:
         for name, options in VARIANTS.items():
-            times = take_turns({fw: variant_step(n, options, fw) for fw in ("naive", "flash", "torch")}, repeats)
-            ms = {fw: 1e3 * statistics.median(ts) for fw, ts in times.items()}
-            rows.append([str(n), name, *(f"{ms[fw]:.1f}" for fw in ("naive", "flash", "torch")),
-                         f"{ms['flash'] / ms['torch']:.2f}"])
-    print_table(f"Variants: a step (forward + backward), B = 1, H = {H}, d = {D}, float32, median ms "
-                "(torch: SDPA with a mask, a bias or dropout_p; softcap: eager ops)",
-                ["N", "variant", "ag naive", "ag flash", "torch", "flash / torch"], rows)
+            flash = variant_step(n, options, "flash")
+            runs = {"naive": classroom(variant_step(n, options, "naive")), "flash": classroom(flash),
+                    "lab": in_lab(flash), "torch": variant_step(n, options, "torch")}
+            ms = {fw: 1e3 * statistics.median(ts) for fw, ts in take_turns(runs, repeats).items()}
+            rows.append([str(n), name, *(f"{ms[fw]:.1f}" for fw in runs),
+                         *(f"{ms[fw] / ms['torch']:.2f}" for fw in ("flash", "lab"))])
+    print_table(f"Variants: a step (forward + backward), B = 1, H = {H}, d = {D}, float32, median ms; ag's on the "
+                f"classroom path and flash's also in the lab ({ag.lab.workers()} workers; "
+                "torch: SDPA with a mask, a bias or dropout_p; softcap: eager ops)",
+                ["N", "variant", "ag naive", "ag flash", "ag lab", "torch", "flash / torch", "lab / torch"], rows)
 
 
 def dropout_memory(n: int) -> None:

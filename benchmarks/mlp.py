@@ -307,6 +307,19 @@ def in_lab(run: Callable[[], object]) -> Callable[[], object]:
     return lab_run
 
 
+def classroom(run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` with ``ag.lab`` off, whatever the script switched on."""
+    def classroom_run():
+        was = ag.lab.enabled()
+        ag.lab.disable()
+        try:
+            return run()
+        finally:
+            if was:
+                ag.lab.enable()
+    return classroom_run
+
+
 def busy_rows(dtype: str, args) -> None:
     """``--busy``: the classroom's step, the lab's and torch's, idle and with one core busy."""
     x, params = make_data(args.batch, args.width, args.layers, np.dtype(dtype))

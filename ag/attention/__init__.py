@@ -27,7 +27,8 @@ One concept a module:
 - ``backward``: Algorithm 2, ``tiled_backward`` (exercise 5);
 - ``flash``: ``flash_attention``, the loops as one op, on NumPy (the seam ``flash_passes``, where
   the opt-in lab, ``ag.lab``, puts its own loops and threads) or on the GPU;
-- ``decode``: ``flash_decode``, one query against a KV cache split over keys (FlashDecoding);
+- ``decode``: ``flash_decode``, one query against a KV cache split over keys (FlashDecoding; its
+  batch entries through the seam ``decode_entries``);
 - ``varlen``: ``flash_attn_varlen``, packed batches of sequences by ``cu_seqlens``;
 - ``gpu``: the CUDA kernels (``kernels/*.cu``) through CuPy, imported lazily.
 """

@@ -9,10 +9,12 @@ held at once to one split's.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
 from ..ops import ShapeError
+from ..ops.kernels import KERNELS, classroom
 from .flash import one_blas_thread
 from .naive import check_value_shape
 from .online import softmax_block
@@ -46,11 +48,23 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits: int | N
     scale = softmax_scale(scale, heads.d)
     o = np.zeros(q.shape[:-1] + v_cache.shape[-1:], dtype=np.result_type(q, v_cache))
     lse = np.full(q.shape[:-1], -np.inf, dtype=o.dtype)
-    with one_blas_thread():  # a split's products are matrix-vector ones: BLAS's threads only wait on each other
-        for b, n in enumerate(seqlens):
-            o[b], lse[b] = decode_entry(q[b], k_cache[b, :, :n], v_cache[b, :, :n], extra.for_entry((b,), n),
-                                        scale, check_splits(num_splits, n))
+
+    def decode_one(b: int) -> None:
+        n = seqlens[b]
+        o[b], lse[b] = decode_entry(q[b], k_cache[b, :, :n], v_cache[b, :, :n], extra.for_entry((b,), n),
+                                    scale, check_splits(num_splits, n))
+    KERNELS.decode_entries(len(seqlens), int(seqlens.sum()) * heads.h * heads.n_q * heads.d, decode_one)
     return (o, lse) if return_lse else o
+
+
+@classroom("decode_entries")
+def each_entry(entries: int, work: int, decode_one: Callable[[int], None]) -> None:
+    """``decode_one(b)`` for each of the ``entries`` batch entries in turn (``work``: the call's
+    multiply-adds in q Kᵀ, for the lab's threads), BLAS held to one thread: a split's products are
+    matrix-vector ones, and BLAS's threads would only wait on each other."""
+    with one_blas_thread():
+        for b in range(entries):
+            decode_one(b)
 
 
 def decode_entry(q, k, v, extra: Variants, scale: float, splits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 from .. import hooks
 from ..modes import config
 from .shapes import Heads
-from .variants import Variants, bh_index
+from .variants import Variants
 
 
 class Tiles:
@@ -154,7 +154,7 @@ class Tiles:
         if self._keep[0] != where:
             h = self.heads
             rows, cols = np.arange(q_start, q_start + x.shape[-2]), np.arange(k_start, k_start + x.shape[-1])
-            bh = bh_index(h).reshape(h.lead + (h.h_kv, h.group))
+            bh = self.variants.counters(h).reshape(h.lead + (h.h_kv, h.group))
             self._keep = where, self.variants.keep(bh, rows, cols, x.dtype)
         return x * self._keep[1]
 

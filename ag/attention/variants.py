@@ -26,7 +26,9 @@ UNBOUNDED = -1  # a side of the window that reaches as far as the keys go (Flash
 @dataclass(frozen=True)
 class Variants:
     """One call's variants, checked. ``window`` is (left, right) with −1 for unbounded, the causal
-    mask folded in (right = 0); ``softcap`` 0 means none; ``slopes`` is (..., H) or None."""
+    mask folded in (right = 0); ``softcap`` 0 means none; ``slopes`` is (..., H) or None. A share of
+    the call (``for_share``) has ``first_row``, the call's row that is its query 0, and ``bh``, its
+    heads' dropout counters b · H + h (None: the call's own, ``bh_index``)."""
 
     n_q: int
     n_k: int
@@ -37,6 +39,8 @@ class Variants:
     dropout_p: float = 0.0
     seed: int = 0
     top_left: bool = False
+    first_row: int = 0
+    bh: np.ndarray | None = None
 
     def for_entry(self, index: tuple[int, ...], n_k: int) -> Variants:
         """These variants for batch entry ``index`` alone, which has ``n_k`` keys (a KV cache's
@@ -44,6 +48,23 @@ class Variants:
         slopes = self.slopes[index] if self.slopes is not None and self.slopes.ndim > 1 else self.slopes
         offset = 0 if self.top_left else n_k - self.n_q
         return replace(self, n_k=n_k, offset=offset, slopes=slopes)
+
+    def for_share(self, heads: Heads, index: tuple[int, ...] | None, query_heads: slice, first_row: int,
+                  n_q: int) -> Variants:
+        """These variants for the ``n_q`` query rows from ``first_row`` on of query heads ``query_heads``
+        of batch entry ``index`` (None: of every entry) of a call with ``heads``, as a call of their own
+        (a thread's share, ``ag.lab.sharing``): those heads' slopes and dropout counters, the diagonal
+        moved up by first_row, and dropout's rows counted from it, so the share computes the call's bits."""
+        def share(x: np.ndarray) -> np.ndarray:  # (H,) or lead + (H,): the share's entry and heads
+            return (x[index] if index is not None and x.ndim > 1 else x)[..., query_heads]
+        slopes = None if self.slopes is None else share(self.slopes)
+        return replace(self, n_q=n_q, offset=self.offset + first_row, slopes=slopes,
+                       first_row=self.first_row + first_row, bh=share(self.counters(heads)))
+
+    def counters(self, heads: Heads) -> np.ndarray:
+        """Dropout's counter of each (batch entry, query head) of ``heads``: the share's ``bh``, or
+        ``bh_index(heads)`` for a whole call."""
+        return bh_index(heads) if self.bh is None else self.bh
 
     def visible(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray | None:
         """Bool (rows, cols): may query rows[i] see key cols[j]? None when every key is visible:
@@ -93,10 +114,11 @@ class Variants:
         return s
 
     def keep(self, bh, rows: np.ndarray, cols: np.ndarray, dtype) -> np.ndarray | None:
-        """Dropout's kept entries times 1 / (1 − p) (``dropout.keep_mask``); None without dropout."""
+        """Dropout's kept entries times 1 / (1 − p) (``dropout.keep_mask``) for query ``rows`` of this
+        call or share (the call's rows from ``first_row``); None without dropout."""
         if self.dropout_p == 0:
             return None
-        mask = keep_mask(self.seed, bh, rows, cols, self.dropout_p)
+        mask = keep_mask(self.seed, bh, np.asarray(rows) + self.first_row, cols, self.dropout_p)
         return mask * np.asarray(dropout_scale(self.dropout_p), dtype=dtype)
 
 

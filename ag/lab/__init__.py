@@ -11,7 +11,9 @@ one NumPy call over the whole array. The lab puts its variants into the ops' sea
 - ``subnormals``: exp with its subnormal results flushed to 0, for the softmax family's passes;
 - ``threads``: the pool that runs the blocks, and ``set_workers``;
 - ``flash``, ``flash_loops``, ``flash_tiles``, ``sharing``: ``flash_attention`` on NumPy with a fixed
-  shift, exp2, subnormals flushed and one call's heads shared among the threads.
+  shift, exp2, subnormals flushed and one call's heads shared among the threads; ``flash_variants``:
+  its variants (a window, softcap, ALiBi, dropout) on the threads, with the classroom's bits;
+- ``decode``: ``flash_decode``'s batch entries shared among the threads.
 
 The results are bit-identical for any number of workers. One switch, three ways: ``enable()`` and
 ``disable()``, ``with on(): ...``, or ``AG_LAB=1`` in the environment when ag is imported.
@@ -24,7 +26,7 @@ import os
 from typing import Iterator
 
 from ..ops import kernels
-from . import flash, passes, products, seams, threads
+from . import decode, flash, passes, products, seams, threads
 from .threads import set_workers, workers
 
 __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
@@ -32,7 +34,8 @@ __all__ = ["enable", "disable", "enabled", "on", "set_workers", "workers"]
 
 def enable() -> None:
     """Put the lab's variants into the ops' seams, for the whole process."""
-    seams.swap({"matmul": products.matmul, "flash_passes": flash.passes, **passes.variants()})
+    seams.swap({"matmul": products.matmul, "flash_passes": flash.passes, "decode_entries": decode.each_entry,
+                **passes.variants()})
 
 
 def disable() -> None:

@@ -1,6 +1,6 @@
 """The lab's ``flash_attention`` on NumPy, put into the seam ``flash_passes``: the fixed-shift forward
 and the base-2 backward (``flash_loops``) over one call's runs, shared among the lab's threads
-(``sharing``), with wider tiles in a forward without a mask."""
+(``sharing``), with wider tiles in a forward without a mask; the variants on the threads (``flash_variants``)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from ..attention.backward import tiled_backward
-from ..attention.flash import tiled_passes
 from ..attention.forward import tiled_forward
 from ..attention.shapes import Heads
 from ..attention.tiles import forward_outputs
@@ -16,6 +15,7 @@ from ..attention.variants import Variants
 from . import sharing
 from .flash_loops import base2_backward, fixed_shift_forward
 from .flash_tiles import LabTiles
+from .flash_variants import variant_passes
 from .threads import workers
 
 DEFAULT_BLOCK_Q = 256
@@ -31,9 +31,10 @@ def passes(heads: Heads, causal, scale: float, block_q: int | None, block_k: int
     """Forward and backward on NumPy: the paper's ``tiled_forward`` and ``tiled_backward`` on the lab's
     tiles (``LabTiles``) over one call's runs (some key/value heads each) on the lab's ``workers()``
     threads. ``fixed_shift``: ``fixed_shift_forward`` and ``base2_backward`` instead, faster and less
-    exact (``fixed_shift_passes``). Any variant (``variants``) runs the classroom's passes."""
+    exact (``fixed_shift_passes``). Any variant (``variants``) runs the classroom's loops and tiles on
+    the threads (``variant_passes``): the classroom's bits."""
     if variants is not None:
-        return tiled_passes(heads, causal, scale, block_q, block_k, variants)
+        return variant_passes(heads, causal, scale, block_q, block_k, variants)
     forward_loop, backward_loop = (fixed_shift_forward, base2_backward) if fixed_shift else (tiled_forward, tiled_backward)
     tiles = LabTiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K)
     forward_tiles = tiles
@@ -82,10 +83,7 @@ def fixed_shift_passes(heads: Heads, causal, scale: float, block_q: int | None, 
 def _shared_out(tiles: LabTiles, dtype, threads: int, by_query_tile: bool = False) -> tuple[list, list[LabTiles]]:
     """The call's runs (``sharing``), and the tiles of each thread that takes them.
     ``by_query_tile`` (a forward): where the heads leave a thread idle, runs are cut by query tile."""
-    h = tiles.heads
-    head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
-    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)] if by_query_tile else None
-    runs = sharing.plan_runs(h.lead, h.h_kv, head_bytes, threads, query_tiles)
+    runs = sharing.runs_of(tiles, dtype, threads, by_query_tile)
     return runs, [tiles.for_run(runs[0]) for _ in range(min(threads, len(runs)))]
 
 

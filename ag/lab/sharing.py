@@ -76,6 +76,16 @@ def plan_runs(lead: tuple[int, ...], h_kv: int, head_bytes: int, workers: int,
     return runs
 
 
+def runs_of(tiles, dtype, workers: int, by_query_tile: bool = False) -> list[Run]:
+    """The runs of a call tiled as ``tiles`` (``attention.tiles.Tiles``: its heads and tile sizes),
+    with score tiles of ``dtype`` (``plan_runs``). ``by_query_tile`` (a forward): where the heads
+    leave a worker idle, runs are cut by the call's own query tiles."""
+    h = tiles.heads
+    head_bytes = h.group * min(tiles.block_q, h.n_q) * min(tiles.block_k, h.n_k) * np.dtype(dtype).itemsize
+    query_tiles = [(a, min(a + tiles.block_q, h.n_q)) for a in range(0, h.n_q, tiles.block_q)] if by_query_tile else None
+    return plan_runs(h.lead, h.h_kv, head_bytes, workers, query_tiles)
+
+
 def by_query_tile(runs: list[Run], query_tiles: list[tuple[int, int]], workers: int) -> list[Run]:
     """Each run cut into one run a query tile, dealt so that ``workers`` threads get equal work
     (``deal``; under a causal mask a tile's work grows with its row)."""
