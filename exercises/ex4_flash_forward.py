@@ -3,18 +3,19 @@
 Write the inner loop of FlashAttention-2's forward: for one query tile q_i, stream the
 key/value tiles, keep the running max m_i, the running sum l_i and the unscaled accumulator
 acc, divide once at the end into og (O, heads grouped as q's are in qg), and store the row
-logsumexp m_i + log l_i into lse_g. qg, kg, vg are q, k, v viewed by tiles.grouped as (...,
-h_kv, group, n, d): the query heads that share a key/value head sit side by side, so a key
-tile kg[..., cols, :] broadcasts against all of them (grouped-query attention). q_i comes
-scaled (scale * Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile
-(in one buffer that the next call overwrites, as on-chip memory on a GPU);
-tiles.key_tiles(q_start, q_stop) the k_start of each key tile that rows q_start..q_stop-1
-can see (a range in steps of tiles.block_k; causal: up to the last key they see), its
-columns cols = slice(k_start, k_start + tiles.block_k); tiles.row_max and tiles.row_sum the
-lecture's rowmax and rowsum of a tile, as (rows, 1) columns (np.max and np.sum with
-keepdims=True). Multiply V by tiles.dropout(p, q_start, k_start), P with dropout's mask
-applied (P itself without dropout), and sum the undropped P into l_i. flash_attention runs
-your loop.
+logsumexp m_i + log l_i into lse_g, the log taken in lse_g's dtype (np.log(l_i,
+dtype=lse_g.dtype): float64 for float32 tiles, as L's rounding would shift every P of its
+row in backward). qg, kg, vg are q, k, v viewed by tiles.grouped as (..., h_kv, group, n,
+d): the query heads that share a key/value head sit side by side, so a key tile kg[...,
+cols, :] broadcasts against all of them (grouped-query attention). q_i comes scaled (scale *
+Q_i); tiles.scores(q_i, k_j, q_start, k_start) gives the masked score tile (in one buffer
+that the next call overwrites, as on-chip memory on a GPU); tiles.key_tiles(q_start, q_stop)
+the k_start of each key tile that rows q_start..q_stop-1 can see (a range in steps of
+tiles.block_k; causal: up to the last key they see), its columns cols = slice(k_start,
+k_start + tiles.block_k); tiles.row_max and tiles.row_sum the lecture's rowmax and rowsum of
+a tile, as (rows, 1) columns (np.max and np.sum with keepdims=True). Multiply V by
+tiles.dropout(p, q_start, k_start), P with dropout's mask applied (P itself without
+dropout), and sum the undropped P into l_i. flash_attention runs your loop.
 
 Fill in every `# YOUR CODE HERE`. Check yourself with
     python exercises/ex4_flash_forward.py
@@ -38,7 +39,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     -inf (a worker's views of the whole call's); else they are allocated here."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
-    o, lse = out or forward_outputs(q, k, v)
+    o, lse = out or forward_outputs(q, k, v, tiles.lse_dtype(np.result_type(q, k, v)))
     og, lse_g = tiles.grouped(o, h.group), tiles.grouped(lse[..., None], h.group)[..., 0]
     dtype = og.dtype
     for q_start in range(0, h.n_q, tiles.block_q):

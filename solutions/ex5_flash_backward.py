@@ -3,14 +3,15 @@
 Write FlashAttention-2's backward: D = rowsum(dO * O) (tiles.row_dot(dog, og)); for each
 key/value tile and each query tile that sees it (tiles.query_tiles), recompute P = exp(S -
 L) from tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start) (the scaled
-query tile, scale * Q_i) and the saved logsumexp L, then dV += P^T dO, dP = dO V^T
+query tile, scale * Q_i) and the saved logsumexp L (a row that saw nothing has L = -inf:
+subtract +inf there, so that its P is 0), then dV += P^T dO, dP = dO V^T
 (tiles.product(do_i, v_j^T), which takes a float32 product in float64, as tiles.scores
-does), dS = P * (dP - D), dQ += dS K, dK += dS^T Q_i, writing into dqg, dkg and dvg (dq and
-dk are multiplied by scale once after your loop; for GQA, group_sum sums dK and dV over the
-group axis -3). With dropout, dV takes tiles.dropout(p, q_start, k_start) for P and dP is
-tiles.dropout(dO V^T, q_start, k_start) (each the array itself without dropout); with
-softcap, tiles.softcap_grad(ds) multiplies dS by the cap's slope in place before dQ and dK.
-flash_attention runs your loop.
+does), dS = P * (dP - D), dQ += dS K (tiles.product(ds, k_j) again), dK += dS^T Q_i, writing
+into dqg, dkg and dvg (dq and dk are multiplied by scale once after your loop; for GQA,
+group_sum sums dK and dV over the group axis -3). With dropout, dV takes tiles.dropout(p,
+q_start, k_start) for P and dP is tiles.dropout(dO V^T, q_start, k_start) (each the array
+itself without dropout); with softcap, tiles.softcap_grad(ds) multiplies dS by the cap's
+slope in place before dQ and dK. flash_attention runs your loop.
 
 Needs exercises 1 and 4 solved when you work from the release, where ag's own copies of
 every exercise's functions are stubs: this check runs on them. course.install puts your
@@ -42,7 +43,6 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
-    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     d_row = tiles.row_dot(dog, og)
@@ -53,7 +53,8 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             rows = slice(q_start, q_start + tiles.block_q)
             q_i, do_i = qg[..., rows, :], dog[..., rows, :]
             s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
-            s -= lse_g[..., rows, :]
+            lse_i = lse_g[..., rows, :]
+            s -= np.where(lse_i == -np.inf, np.inf, lse_i)  # a row that saw nothing: P = 0 (NaN stays NaN)
             p = tiles.exp(s)
             p_kept = tiles.dropout(p, q_start, k_start)  # what the forward multiplied V by
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p_kept, -1, -2), do_i))
@@ -62,7 +63,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             ds *= p
             ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
             tiles.softcap_grad(ds)
-            dqg[..., rows, :] += np.matmul(ds, k_j)
+            dqg[..., rows, :] += tiles.product(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile
     dk *= dk.dtype.type(tiles.scale)

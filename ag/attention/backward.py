@@ -19,7 +19,6 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
     dog, og = tiles.grouped(do, h.group), tiles.grouped(o, h.group)
     lse_g = lse.reshape(qg.shape[:-1] + (1,))
-    lse_g = np.where(lse_g == -np.inf, np.inf, lse_g)  # a row that saw nothing: P = 0 (NaN stays NaN)
     dq, dk, dv = grads or (np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype))
     dqg, dkg, dvg = tiles.grouped(dq, h.group), tiles.grouped(dk, 1), tiles.grouped(dv, 1)
     ### BEGIN SOLUTION
@@ -31,7 +30,8 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             rows = slice(q_start, q_start + tiles.block_q)
             q_i, do_i = qg[..., rows, :], dog[..., rows, :]
             s = tiles.scores(tiles.scaled_queries(qg, rows), k_j, q_start, k_start)
-            s -= lse_g[..., rows, :]
+            lse_i = lse_g[..., rows, :]
+            s -= np.where(lse_i == -np.inf, np.inf, lse_i)  # a row that saw nothing: P = 0 (NaN stays NaN)
             p = tiles.exp(s)
             p_kept = tiles.dropout(p, q_start, k_start)  # what the forward multiplied V by
             dvg[..., cols, :] += group_sum(np.matmul(np.swapaxes(p_kept, -1, -2), do_i))
@@ -40,7 +40,7 @@ def tiled_backward(tiles: Tiles, q, k, v, o, lse, do, grads=None) -> tuple[np.nd
             ds *= p
             ds[p == 1] = 0  # a row of P that is one-hot: dS is 0 (dP - D is, but for D's rounding)
             tiles.softcap_grad(ds)
-            dqg[..., rows, :] += np.matmul(ds, k_j)
+            dqg[..., rows, :] += tiles.product(ds, k_j)
             dkg[..., cols, :] += group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_i))
     ### END SOLUTION
     dq *= dq.dtype.type(tiles.scale)  # one pass at the end, not one a tile

@@ -35,7 +35,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, block_q: int | None = 
     also returns L = logsumexp of each row of scaled scores, (..., H, Nq). On NumPy the tiles are
     ``block_q`` × ``block_k`` (None: 256, and 64 query rows in backward), the loops ``tiled_forward``
     and ``tiled_backward``; float16 and bfloat16 inputs keep their statistics and accumulators in
-    float32 (L stays float32).
+    float32 (L stays float32); float32 inputs get L in float64 on the classroom path (``Tiles.lse_dtype``).
     ``window_size``, ``alibi_slopes``, ``softcap`` and ``dropout_p`` with a ``seed`` are FlashAttention's
     (``ag.attention.variants``; NumPy only; dropout's mask is redrawn from the seed in backward, never
     stored), and v may have its own head dim dv (O is then (..., H, Nq, dv)).
@@ -98,7 +98,8 @@ def plain(extra: dict) -> bool:
 
 def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | None, extra: dict):
     """The passes in the seam ``flash_passes`` (``tiled_passes``, or the lab's), run on the inputs
-    in their statistics dtype (``statistics_dtype``), the outputs and grads cast back. ``extra``:
+    in their statistics dtype (``statistics_dtype``), the outputs and grads cast back (a narrow
+    float's L to float32, as FlashAttention keeps it). ``extra``:
     the variants' keywords, as ``variants`` takes them."""
     if any(array_module(x) is not np for x in (q, k, v)):
         raise TypeError(f"flash_attention: backend='numpy' needs NumPy arrays, got "
@@ -112,7 +113,8 @@ def _numpy_passes(q, k, v, causal, scale, block_q: int | None, block_k: int | No
 
     def wide_forward(q, k, v):
         o, lse = forward(*(x.astype(wide, copy=False) for x in (q, k, v)))
-        return o.astype(np.result_type(q, k, v), copy=False), lse
+        dtype = np.result_type(q, k, v)
+        return o.astype(dtype, copy=False), lse if wide == dtype else lse.astype(wide)
 
     def wide_backward(q, k, v, o, lse, do):
         grads = backward(*(x.astype(wide, copy=False) for x in (q, k, v, o)), lse, do.astype(wide, copy=False))

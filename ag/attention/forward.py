@@ -14,7 +14,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     -inf (a worker's views of the whole call's); else they are allocated here."""
     h = tiles.heads
     qg, kg, vg = tiles.grouped(q, h.group), tiles.grouped(k, 1), tiles.grouped(v, 1)
-    o, lse = out or forward_outputs(q, k, v)
+    o, lse = out or forward_outputs(q, k, v, tiles.lse_dtype(np.result_type(q, k, v)))
     og, lse_g = tiles.grouped(o, h.group), tiles.grouped(lse[..., None], h.group)[..., 0]
     dtype = og.dtype
     for q_start in range(0, h.n_q, tiles.block_q):
@@ -38,7 +38,7 @@ def tiled_forward(tiles: Tiles, q: np.ndarray, k: np.ndarray, v: np.ndarray,
             m_i = m_new
         np.divide(acc, l_i, out=og[..., rows, :], where=l_i != 0)  # 0: saw nothing; NaN stays NaN
         with np.errstate(divide="ignore"):
-            lse_g[..., rows] = (m_i + np.log(l_i))[..., 0]
+            lse_g[..., rows] = (m_i + np.log(l_i, dtype=lse_g.dtype))[..., 0]
         ### END SOLUTION
     return o, lse
 

@@ -15,8 +15,9 @@ from .variants import Variants
 class Tiles:
     """One call's shapes, mask, scale and tile sizes, and the tile arithmetic both loops share.
 
-    Float32 tiles take S, dP and D in float64, rounded once: near a one-hot row dS = P ∘ (dP − D)
-    is a difference of nearly equal terms, which a float32 product's rounding would swamp."""
+    Float32 tiles take S, dP, D and dS K in float64, rounded once: near a one-hot row dS = P ∘ (dP − D)
+    is a difference of nearly equal terms, which a float32 product's rounding would swamp. They keep
+    L in float64 too (``lse_dtype``)."""
 
     wide_products = True
 
@@ -74,13 +75,21 @@ class Tiles:
         dtype = np.dtype(dtype)
         return np.dtype(np.float64) if self.wide_products and dtype == np.float32 else dtype
 
+    def lse_dtype(self, dtype) -> np.dtype:
+        """The float L is kept in, ``product_dtype``: P = exp(S − L) carries L's rounding into every P of
+        its row alike, which no sum in backward cancels."""
+        return self.product_dtype(dtype)
+
     def product(self, a: np.ndarray, b: np.ndarray, out=None) -> np.ndarray:
         """a @ b, taken in ``product_dtype`` of b's dtype and rounded once to it (into ``out`` if given)."""
         dtype, wide = b.dtype, self.product_dtype(b.dtype)
         if wide == dtype and a.dtype == dtype:
             return np.matmul(a, b, out=out)
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-        exact = np.matmul(self._wide(0, a), self._wide(1, b), out=self._buffer(2, shape, wide))
+        # the larger of a, b and a @ b, the lower its buffer: dS K then fits in dO Vᵀ's buffers
+        sizes = (a.size, b.size, math.prod(shape))
+        slot = {i: rank for rank, i in enumerate(sorted(range(3), key=lambda i: -sizes[i]))}
+        exact = np.matmul(self._wide(slot[0], a), self._wide(slot[1], b), out=self._buffer(slot[2], shape, wide))
         if out is None:
             return exact.astype(dtype)
         np.copyto(out, exact)
@@ -235,12 +244,13 @@ def statistics_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
-def forward_outputs(q, k, v) -> tuple[np.ndarray, np.ndarray]:
-    """O, (..., H, Nq, dv) zeroed (a row that sees no key stays 0), and L = -inf, for ``tiled_forward``
-    to fill. O keeps Q's memory order: Q a view of (s, b, heads, d) makes O one too."""
+def forward_outputs(q, k, v, lse_dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """O, (..., H, Nq, dv) zeroed (a row that sees no key stays 0), and L = -inf in ``lse_dtype`` (None:
+    O's), for ``tiled_forward`` to fill. O keeps Q's memory order: Q a view of (s, b, heads, d) makes
+    O one too."""
     dtype = np.result_type(q, k, v)
     return (np.zeros_like(q, dtype=dtype, shape=q.shape[:-1] + v.shape[-1:]),
-            np.full(q.shape[:-1], -np.inf, dtype=dtype))
+            np.full(q.shape[:-1], -np.inf, dtype=lse_dtype or dtype))
 
 
 def group_sum(x: np.ndarray) -> np.ndarray:
