@@ -32,7 +32,7 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
     g = heads.group
 
     def forward(q, k, v):
-        o, lse = forward_outputs(q, k, v)  # each run fills its rows of O and L in place
+        o, lse = forward_outputs(q, k, v, forward_tiles.lse_dtype(np.result_type(q, k, v)))  # each run fills its rows
 
         def run_loop(run: sharing.Run) -> None:
             tiled_forward(run_tiles(forward_tiles, run), run.part(q, g, queries=True), run.part(k), run.part(v),
