@@ -10,6 +10,7 @@ Once its backward step has run and its value is freed, the Tensor goes too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -201,14 +202,30 @@ def measure(graph: Graph, times: int = 3) -> None:
 
 
 def _measured_run(graph: Graph) -> Run:
-    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured."""
+    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured,
+    with the cyclic collector paused (``collector_paused``)."""
     for measuring in (False, True):
         for leaf in graph.leaves:
             leaf.grad = None
         run = Run(graph)
         run.measuring = measuring
-        run.run(*keep_all(graph))
+        with collector_paused() if measuring else contextlib.nullcontext():
+            run.run(*keep_all(graph))
     return run
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect, then pause the cyclic collector: a Tensor and its closure form a cycle, and an
+    earlier run's graph collected during some op would be taken off that op's bytes."""
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def _least(a: int | None, b: int) -> int:
