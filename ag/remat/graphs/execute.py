@@ -202,30 +202,18 @@ def measure(graph: Graph, times: int = 3) -> None:
 
 
 def _measured_run(graph: Graph) -> Run:
-    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured,
-    with the cyclic collector paused (``collector_paused``)."""
+    """Two runs keeping everything: the first warms up what NumPy caches, the second is measured
+    once the cyclic collector has taken the first's graph (a Tensor and its closure form a cycle:
+    collected during some op, it would be taken off that op's bytes)."""
     for measuring in (False, True):
         for leaf in graph.leaves:
             leaf.grad = None
         run = Run(graph)
         run.measuring = measuring
-        with collector_paused() if measuring else contextlib.nullcontext():
-            run.run(*keep_all(graph))
+        if measuring:
+            gc.collect()
+        run.run(*keep_all(graph))
     return run
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Collect, then pause the cyclic collector: a Tensor and its closure form a cycle, and an
-    earlier run's graph collected during some op would be taken off that op's bytes."""
-    gc.collect()
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def _least(a: int | None, b: int) -> int:
