@@ -223,8 +223,11 @@ def _least(a: int | None, b: int) -> int:
 def execute(schedule, *, trace_memory: bool = True) -> Execution:
     """Run forward and backward as ``schedule`` says; measure the peak (tracemalloc, the leaves
     copied in so that they count) and the recomputed FLOPs (count_ops). ``trace_memory=False``
-    runs without tracemalloc, for timing: the peak is then None."""
+    runs without tracemalloc, for timing: the peak is then None. The leaves' grads start from
+    None, as capture measured them: an earlier step's would be added into, their bytes untraced."""
     start = time.perf_counter()
+    for leaf in schedule.graph.leaves:
+        leaf.grad = None
     if not trace_memory:
         with trace.count_ops() as counts:
             loss = Run(schedule.graph).run(schedule.R, schedule.S)
