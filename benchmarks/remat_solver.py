@@ -126,8 +126,6 @@ def _measured_over_predicted(found) -> float | None:
     """``execute``'s peak over the model's prediction, for a schedule (None for anything else)."""
     if not isinstance(found, remat.Schedule):
         return None
-    for leaf in found.graph.leaves:
-        leaf.grad = None  # grads accumulated into would not be allocated again
     return remat.execute(found).peak_bytes / found.predicted_peak_bytes
 
 
