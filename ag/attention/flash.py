@@ -70,9 +70,7 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
                  variants: Variants | None = None):
     """The paper's loops, ``tiled_forward`` and ``tiled_backward``, on one thread, BLAS held to one
     thread: a tile's many small products stall on a multi-threaded BLAS when a core is busy."""
-    tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K, variants=variants)
-    backward_tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q_BACKWARD, block_k or DEFAULT_BLOCK_K,
-                           variants=variants)
+    tiles, backward_tiles = classroom_tiles(heads, causal, scale, block_q, block_k, variants)
 
     def forward(q, k, v):
         with one_blas_thread():
@@ -88,6 +86,15 @@ def tiled_passes(heads: Heads, causal, scale: float, block_q: int | None, block_
         backward_tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
+
+
+def classroom_tiles(heads: Heads, causal, scale: float, block_q: int | None, block_k: int | None,
+                    variants: Variants | None = None) -> tuple[Tiles, Tiles]:
+    """The forward's and the backward's tiles: ``block_q`` × ``block_k``, None taking the defaults
+    (256 × 256; 64 query rows in backward)."""
+    return (Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K, variants=variants),
+            Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q_BACKWARD, block_k or DEFAULT_BLOCK_K,
+                  variants=variants))
 
 
 def plain(extra: dict) -> bool:

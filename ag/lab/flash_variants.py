@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..attention.backward import tiled_backward
-from ..attention.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_Q_BACKWARD, one_blas_thread
+from ..attention.flash import classroom_tiles
 from ..attention.forward import tiled_forward
 from ..attention.shapes import Heads
 from ..attention.tiles import Tiles, forward_outputs
@@ -23,10 +23,7 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
                    variants: Variants):
     """``tiled_passes`` with the call cut into runs (some key/value heads each, a forward's also by
     query tile) on the lab's ``workers()`` threads, BLAS held to one thread as the classroom holds it."""
-    forward_tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K,
-                          variants=variants)
-    backward_tiles = Tiles(heads, causal, scale, block_q or DEFAULT_BLOCK_Q_BACKWARD, block_k or DEFAULT_BLOCK_K,
-                           variants=variants)
+    forward_tiles, backward_tiles = classroom_tiles(heads, causal, scale, block_q, block_k, variants)
     threads = sharing.threads_for(math.prod(heads.lead) * heads.h * heads.n_q * heads.n_k * heads.d,
                                   sharing.count(workers()))
     g = heads.group
@@ -37,7 +34,7 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
         def run_loop(run: sharing.Run) -> None:
             tiled_forward(run_tiles(forward_tiles, run), run.part(q, g, queries=True), run.part(k), run.part(v),
                           out=(run.part(o, g, queries=True), run.part(lse, g, axis=-2, queries=True)))
-        each_run(sharing.runs_of(forward_tiles, q.dtype, threads, by_query_tile=True), threads, run_loop)
+        sharing.on_threads(sharing.runs_of(forward_tiles, q.dtype, threads, by_query_tile=True), threads, run_loop)
         forward_tiles.count_products(2)  # S = QKᵀ, PV
         return o, lse
 
@@ -48,7 +45,7 @@ def variant_passes(heads: Heads, causal, scale: float, block_q: int | None, bloc
             tiled_backward(run_tiles(backward_tiles, run), run.part(q, g), run.part(k), run.part(v), run.part(o, g),
                            run.part(lse, g, axis=-2), run.part(do, g),
                            grads=(run.part(grads[0], g), run.part(grads[1]), run.part(grads[2])))
-        each_run(sharing.runs_of(backward_tiles, q.dtype, threads), threads, run_loop)
+        sharing.on_threads(sharing.runs_of(backward_tiles, q.dtype, threads), threads, run_loop)
         backward_tiles.count_products(5)  # S again, PᵀdO, dO Vᵀ, dS K, dSᵀ Q
         return grads
     return forward, backward
@@ -64,9 +61,3 @@ def run_tiles(tiles: Tiles, run: sharing.Run) -> Tiles:
     return Tiles(heads, tiles.causal, tiles.scale, tiles.block_q, tiles.block_k, offset=tiles.offset + first,
                  variants=variants)
 
-
-def each_run(runs: list[sharing.Run], threads: int, run_loop) -> None:
-    """``run_loop(run)`` for every run, on ``threads`` threads at most (``sharing.in_turns``); each
-    run makes its own tiles, so a thread keeps nothing of one run for the next."""
-    with one_blas_thread():
-        sharing.in_turns(runs, [None] * min(threads, len(runs)), lambda _, run: run_loop(run), hold_blas=False)

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..attention.flash import one_blas_thread
 from .threads import blas_threads, cores, have_threadpoolctl
 
 # A run's score tiles stay in a core's cache: one head's forward a run; the backward's 256 × 256 tiles make runs of two.
@@ -147,6 +148,13 @@ def in_turns(runs: list[Run], own: list, job: Callable[[object, Run], None], hol
                 worker.join()
     if failed:
         raise failed[0]
+
+
+def on_threads(items: list, threads: int, job: Callable[[object], None]) -> None:
+    """``job(item)`` for every item on ``threads`` threads at most, taken in turns (``in_turns``), BLAS
+    held to one thread (``one_blas_thread``: with or without threadpoolctl)."""
+    with one_blas_thread():
+        in_turns(items, [None] * max(1, min(threads, len(items))), lambda _, item: job(item), hold_blas=False)
 
 
 def count(workers) -> int:

@@ -14,16 +14,23 @@ from .highs import OutOfTime, check_deadline, highs_api, solve_by_deadline
 
 def lower_bound_bytes(graph: Graph) -> int:
     """No schedule peaks below this: every stage must at least hold what its own step reads."""
-    floor, n = graph.leaf_bytes, graph.n
-    for t, node in enumerate(graph.nodes):
-        held = sum(graph.nodes[i].size for i in graph.with_bases(node.deps) | {t})
-        floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(t) + node.hidden_bytes + held
-                    + node.workspace_bytes)
-    for j, step in enumerate(graph.steps):
-        held = sum(graph.nodes[i].size for i in graph.with_bases(step.reads))
-        floor = max(floor, graph.leaf_bytes + graph.hidden_bytes_at(n + j) + step.grad_bytes + held
-                    + step.extra_bytes)
-    return int(floor)
+    return int(max(_stage_floors(graph)[2]))
+
+
+def _stage_floors(graph: Graph) -> tuple[list[set[int]], list[int], list[int]]:
+    """For each stage t's instant (computing node t; backward step t - n): held_t, the values its
+    step reads (a node's inputs and itself); fixed_t, what every schedule holds then (leaves,
+    hidden bytes, grads); floor_t, fixed_t + held_t + the step's own transient bytes."""
+    n = graph.n
+    held, fixed, floor = [], [], []
+    for t in range(graph.stages):
+        step = graph.steps[t - n] if t >= n else None
+        node = graph.nodes[t] if step is None else None
+        held.append(graph.with_bases(step.reads) if step else graph.with_bases(node.deps) | {t})
+        fixed.append(graph.leaf_bytes + graph.hidden_bytes_at(t) + (step.grad_bytes if step else 0))
+        floor.append(fixed[t] + sum(graph.nodes[i].size for i in held[t])
+                     + (step.extra_bytes if step else node.hidden_bytes + node.workspace_bytes))
+    return held, fixed, floor
 
 
 def carry_bound_bytes(graph: Graph) -> int:
@@ -40,15 +47,8 @@ def carry_bound_bytes(graph: Graph) -> int:
 
     make_r(r) = floor_r. Where a large value cannot be remade late (the grads have grown) nor held
     across a full instant, this is above ``lower_bound_bytes``."""
-    n, T = graph.n, graph.stages
-    held, floor, fixed = [], [], []
-    for t in range(T):
-        step = graph.steps[t - n] if t >= n else None
-        node = graph.nodes[t] if step is None else None
-        held.append(graph.with_bases(step.reads) if step else graph.with_bases(node.deps) | {t})
-        fixed.append(graph.leaf_bytes + graph.hidden_bytes_at(t) + (step.grad_bytes if step else 0))
-        floor.append(fixed[t] + sum(graph.nodes[i].size for i in held[t])
-                     + (step.extra_bytes if step else node.hidden_bytes + node.workspace_bytes))
+    T = graph.stages
+    held, fixed, floor = _stage_floors(graph)
     floor_, fixed_ = np.array(floor, dtype=np.int64), np.array(fixed, dtype=np.int64)
     bound = int(floor_.max())
     for s in range(T):
