@@ -204,16 +204,36 @@ def measure(graph: Graph, times: int = 3) -> None:
 def _measured_run(graph: Graph) -> Run:
     """Two runs keeping everything: the first warms up what NumPy caches, the second is measured
     once the cyclic collector has taken the first's graph (a Tensor and its closure form a cycle:
-    collected during some op, it would be taken off that op's bytes)."""
+    collected during some op, it would be taken off that op's bytes). It runs with the collector
+    off, after a full collection with no ``gc.callbacks``: a library's callback (hypothesis has
+    one) would leave objects in the interpreter's free lists, served untraced to the first ops."""
     for measuring in (False, True):
         for leaf in graph.leaves:
             leaf.grad = None
         run = Run(graph)
         run.measuring = measuring
-        if measuring:
-            gc.collect()
-        run.run(*keep_all(graph))
+        with _collector_quiet(measuring):
+            run.run(*keep_all(graph))
     return run
+
+
+@contextlib.contextmanager
+def _collector_quiet(quiet: bool) -> Iterator[None]:
+    """A full collection with ``gc.callbacks`` set aside, then the collector off until the block
+    ends (both as they were after)."""
+    if not quiet:
+        yield
+        return
+    callbacks, enabled = gc.callbacks[:], gc.isenabled()
+    gc.callbacks.clear()
+    try:
+        gc.collect()
+        gc.disable()
+        yield
+    finally:
+        gc.callbacks[:] = callbacks
+        if enabled:
+            gc.enable()
 
 
 def _least(a: int | None, b: int) -> int:
