@@ -15,7 +15,7 @@ from ag.remat import examples
 from ag.remat.graphs import bounds
 from ag.remat.graphs.bounds import carry_bound_bytes, recompute_lower_bound
 from ag.remat.graphs.checkmate import NoScheduleFits, dtr_schedule, warm_starts
-from ag.remat.graphs.costly import free_depth, keep_costly, keep_then_drop, moved_down
+from ag.remat.graphs.costly import _merged, _replayed, free_depth, keep_costly, keep_then_drop, moved_down
 from ag.remat.graphs.keep import complete
 from ag.remat.graphs.moccasin import _cp_model, _Program, intervals_that_suffice
 
@@ -332,6 +332,35 @@ def test_at_a_residual_mlps_lower_bound_keeping_the_top_add_in_place_of_its_relu
     assert found.predicted_peak_bytes <= budget and found.S[step, add] and not found.R[graph.n:, add].any()
     assert found.R[graph.n:, relu].sum() == 1  # made again once, late
     assert found.recompute_flops == pytest.approx(recompute_lower_bound(graph, budget), rel=1e-9)
+
+
+def test_at_a_residual_mlps_lower_bound_an_add_kept_for_a_segment_of_relus_replayed_once_pays_less_than_the_merge_alone():
+    """At the lower bound, early backward also holds every node's Tensor and closure: with the first
+    add merged, the peak is still several values over. Keeping a later add in place of relus below
+    it worth that overflow, out until backward first reads one, then replayed once and kept until
+    read, pays less than the drops that fit the merge alone, and than Chen's spacings."""
+    fn, inputs = examples.residual_mlp(blocks=16, batch=64, width=64)
+    graph = remat.capture(fn, *inputs)
+    budget = budgets(graph)[0]
+    wanted = np.zeros((graph.stages, graph.n), dtype=bool)
+    for v in moved_down(graph):
+        wanted[v + 1:, v] = True
+    merged = _merged(graph, wanted)
+    overflow = complete(graph, merged, "merged").predicted_peak_bytes - budget
+    replayed = _replayed(graph, merged, overflow)
+    (c,) = [v for v in range(graph.n) if replayed[v + 1:, v].any() and not merged[v + 1:, v].any()]
+    out = [v for v in range(graph.n) if merged[v + 1, v] and not replayed[v + 1, v]]
+    assert graph.nodes[c].op == "add" and all(graph.nodes[v].op == "relu" and v < c for v in out)
+    assert sum(graph.nodes[v].size for v in out) - graph.nodes[c].size >= overflow > 0
+    replay = min(np.flatnonzero(replayed[graph.n:, v])[0] for v in out) + graph.n
+    assert all(not replayed[v + 1:replay, v].any() and replayed[replay, v] for v in out)  # out, then back once
+    once = keep_then_drop(graph, budget, merge=True)
+    found = keep_then_drop(graph, budget, merge=True, replay=True)
+    assert once.predicted_peak_bytes <= budget and found.predicted_peak_bytes <= budget
+    s = round(max(free_depth(graph)) ** 0.5)
+    spaced = [keep_then_drop(graph, budget, every=every) for every in (s, s // 2, 2 * s, 0)]
+    assert found.recompute_flops < min(f.recompute_flops for f in [once, *spaced] if f.predicted_peak_bytes <= budget)
+    assert keep_costly(graph, budget).recompute_flops <= found.recompute_flops
 
 
 def test_with_two_intervals_keep_costly_gives_moccasin_an_optimum_its_intervals_cannot_hold(small):

@@ -2,8 +2,9 @@
 from its inputs, so ``keep_costly(graph, budget)`` keeps only what costs FLOPs to remake and lets
 ``keep.complete`` remake the free ops in every stage that reads them; at tight budgets, where that
 remakes long chains of free ops from afar, it keeps every m-th of them too (Chen's sqrt rule),
-or one free op in place of the kept values it is remade from (``_merged``); at the peak, a free
-op that a backward step reads in place of its costly inputs (``_swapped``).
+or one free op in place of the kept values it is remade from (``_merged``), and a second one in
+place of as many costly values as the peak overflows by, replayed once (``_replayed``); at the
+peak, a free op that a backward step reads in place of its costly inputs (``_swapped``).
 """
 from __future__ import annotations
 
@@ -17,20 +18,20 @@ from .schedule import Schedule
 
 
 def keep_costly(graph: Graph, budget: int, deadline: float = float("inf")) -> Schedule:
-    """The cheapest of ``keep_then_drop`` with one merged free op (the fastest at tight budgets)
-    and with checkpoints every m free ops, m in (s, s/2, 2s, 0), s = round(sqrt(D)) and D the
-    longest free chain (``free_depth``): Chen's sqrt rule on the chains of free ops (residual adds)
-    that a tight budget makes remade from afar. Tries no more once one fits at no recompute, or at
-    ``deadline``."""
+    """The cheapest of ``keep_then_drop`` with one merged free op (the fastest at tight budgets),
+    that and a replayed one, and with checkpoints every m free ops, m in (s, s/2, 2s, 0),
+    s = round(sqrt(D)) and D the longest free chain (``free_depth``): Chen's sqrt rule on the chains
+    of free ops (residual adds) that a tight budget makes remade from afar. Tries no more once one
+    fits at no recompute, or at ``deadline``."""
     longest = max(free_depth(graph), default=0)
     s = max(1, round(longest ** 0.5))
     found: list[Schedule] = []
     spacings = dict.fromkeys((s, max(1, s // 2), 2 * s, 0) if longest > 1 else (0,))
-    for every, merge in [(0, True)] + [(every, False) for every in spacings]:
+    for every, merge, replay in [(0, True, False), (0, True, True)] + [(every, False, False) for every in spacings]:
         fits = [f for f in found if f.predicted_peak_bytes <= budget]
         if found and (time.perf_counter() > deadline or any(f.recompute_flops == 0 for f in fits)):
             break
-        found.append(keep_then_drop(graph, budget, deadline, every, merge))
+        found.append(keep_then_drop(graph, budget, deadline, every, merge, replay=replay))
     fits = [f for f in found if f.predicted_peak_bytes <= budget]
     return min(fits or found[:1], key=lambda f: f.recompute_flops)
 
@@ -45,10 +46,12 @@ def free_depth(graph: Graph) -> list[int]:
 
 
 def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), every: int = 0,
-                   merge: bool = False, swap: bool = True) -> Schedule:
+                   merge: bool = False, swap: bool = True, replay: bool = False) -> Schedule:
     """Keep K = {v : flops_v > 0}, each moved down to its relu (``moved_down``), and, if ``every``,
     each free v with d_v a multiple of it, from its computation on; if ``merge``, one free op in
-    place of the values it is remade from (``_merged``); remake the free ops (``complete``).
+    place of the values it is remade from (``_merged``); remake the free ops (``complete``); if
+    ``replay`` and that overflows, one free op in place of costly values that free the overflow
+    (``_replayed``).
     While the peak exceeds ``budget``, at the peak's stage t: if ``swap`` and t is a backward
     stage that remakes a free op it reads, keep that op in place of its costly inputs
     (``_swapped``) where that lowers the peak; else take the kept v that frees the most
@@ -66,6 +69,9 @@ def keep_then_drop(graph: Graph, budget: int, deadline: float = float("inf"), ev
     if merge:
         wanted = _merged(graph, wanted)
     best = complete(graph, wanted, "keep costly")
+    if replay and best.predicted_peak_bytes > budget:
+        wanted = _replayed(graph, wanted, best.predicted_peak_bytes - budget)
+        best = complete(graph, wanted, "keep costly")
     while best.predicted_peak_bytes > budget and time.perf_counter() < deadline:
         t = best.prediction.peak_stage
         costly = [v for v in np.flatnonzero(wanted[t:t + 2].any(axis=0)).tolist() if best.S[t, v] or best.R[t, v]]
@@ -119,21 +125,54 @@ def _merged(graph: Graph, wanted: np.ndarray) -> np.ndarray:
     for c, node in enumerate(graph.nodes):
         if node.flops or wanted[c + 1:, c].any():
             continue
-        ancestors, seen, stack = set(), set(), list(node.deps)
-        while stack:
-            a = stack.pop()
-            if a in seen:
-                continue
-            seen.add(a)
-            if wanted[a + 1:, a].any():
-                ancestors.add(a)
-            elif not graph.nodes[a].flops:
-                stack.extend(graph.nodes[a].deps)
+        ancestors = _remade_from(graph, wanted, c)
         if len(ancestors) >= 2:
             wanted = wanted.copy()
             wanted[c + 1:, c] = True
             for a in ancestors:
                 wanted[c + 1:read_at.get(a, graph.stages), a] = False
+            return wanted
+    return wanted
+
+
+def _remade_from(graph: Graph, wanted: np.ndarray, c: int) -> set[int]:
+    """A_c: the kept values that free op c is remade from, through free ops only."""
+    ancestors, seen, stack = set(), set(), list(graph.nodes[c].deps)
+    while stack:
+        a = stack.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if wanted[a + 1:, a].any():
+            ancestors.add(a)
+        elif not graph.nodes[a].flops:
+            stack.extend(graph.nodes[a].deps)
+    return ancestors
+
+
+def _replayed(graph: Graph, wanted: np.ndarray, overflow: int) -> np.ndarray:
+    """Keep the first free op c, not kept, whose costly kept values P_c (those of A_c that cost
+    FLOPs to remake and backward reads) hold at least ``overflow`` bytes more than c, in place of
+    them: each p in P_c is out from its computation until the first backward step that reads one of
+    P_c, which replays them once (a segment, as ``from_keep`` replays one), then kept until its last
+    read. |P_c| remakes pay for Σ size_p - size_c bytes over all of forward and most of backward."""
+    first_read, last_read = {}, {}
+    for j, step in enumerate(graph.steps):
+        for r in graph.with_bases(step.reads):
+            first_read.setdefault(r, graph.n + j)
+            last_read[r] = graph.n + j
+    for c, node in enumerate(graph.nodes):
+        if node.flops or wanted[c + 1:, c].any():
+            continue
+        costly = [p for p in _remade_from(graph, wanted, c)
+                  if p in first_read and np.isfinite(_bytes_a_flop(graph, p))]
+        if sum(graph.nodes[p].size for p in costly) - node.size >= overflow:
+            replay = min(first_read[p] for p in costly)
+            wanted = wanted.copy()
+            wanted[c + 1:, c] = True
+            for p in costly:
+                wanted[p + 1:replay + 1, p] = False
+                wanted[replay + 1:last_read[p] + 1, p] = True
             return wanted
     return wanted
 
