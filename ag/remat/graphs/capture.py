@@ -36,7 +36,7 @@ def capture(fn: Callable[..., Tensor], *inputs) -> Graph:
                 hooks.subscribed("scope entered", recorder.enter), hooks.subscribed("scope left", recorder.leave):
             loss = fn(*inputs)
         graph = recorder.graph(loss)
-        measure(graph)
+        measure(graph, clear_traces=owns_tracing)
     finally:
         if owns_tracing:
             tracemalloc.stop()

@@ -172,7 +172,7 @@ def keep_all(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return R, S
 
 
-def measure(graph: Graph, times: int = 3) -> None:
+def measure(graph: Graph, times: int = 3, *, clear_traces: bool = False) -> None:
     """Run the step, keeping everything, to measure what no plan changes: each node's workspace,
     its hidden bytes (what its first computation leaves alive beside its value's buffer: its
     Tensor, its backward closure and the arrays that keeps), the grads alive before each backward
@@ -180,14 +180,16 @@ def measure(graph: Graph, times: int = 3) -> None:
 
     A run's transient bytes include the interpreter's small objects, which CPython's free lists
     serve untraced or not depending on what ran before; the least of ``times`` measurings is the
-    step's own, the same in a fresh process as in a warm one."""
+    step's own, the same in a fresh process as in a warm one. ``clear_traces`` (when the caller
+    started tracemalloc itself) starts each measured run with no traces: a block made before it
+    and freed during an op would be taken off that op's bytes."""
     saved = [leaf.grad for leaf in graph.leaves]
     workspace = [None] * graph.n
     kept = [None] * graph.n
     extra = [None] * len(graph.steps)
     try:
         for _ in range(times):
-            run = _measured_run(graph)
+            run = _measured_run(graph, clear_traces)
             workspace = [_least(w, run.workspace.get(k, 0)) for k, w in enumerate(workspace)]
             kept = [_least(w, run.kept.get(k, 0)) for k, w in enumerate(kept)]
             extra = [_least(e, run.extra.get(j, 0)) for j, e in enumerate(extra)]
@@ -201,7 +203,7 @@ def measure(graph: Graph, times: int = 3) -> None:
         step.grad_bytes, step.extra_bytes = run.grads.get(j, 0), extra[j]
 
 
-def _measured_run(graph: Graph) -> Run:
+def _measured_run(graph: Graph, clear_traces: bool = False) -> Run:
     """Two runs keeping everything: the first warms up what NumPy caches, the second is measured
     once the cyclic collector has taken the first's graph (a Tensor and its closure form a cycle:
     collected during some op, it would be taken off that op's bytes). It runs with the collector
@@ -212,15 +214,15 @@ def _measured_run(graph: Graph) -> Run:
             leaf.grad = None
         run = Run(graph)
         run.measuring = measuring
-        with _collector_quiet(measuring):
+        with _collector_quiet(measuring, clear_traces):
             run.run(*keep_all(graph))
     return run
 
 
 @contextlib.contextmanager
-def _collector_quiet(quiet: bool) -> Iterator[None]:
+def _collector_quiet(quiet: bool, clear_traces: bool = False) -> Iterator[None]:
     """A full collection with ``gc.callbacks`` set aside, then the collector off until the block
-    ends (both as they were after)."""
+    ends (both as they were after); and, if ``clear_traces``, no traces kept from before."""
     if not quiet:
         yield
         return
@@ -229,6 +231,8 @@ def _collector_quiet(quiet: bool) -> Iterator[None]:
     try:
         gc.collect()
         gc.disable()
+        if clear_traces:
+            tracemalloc.clear_traces()
         yield
     finally:
         gc.callbacks[:] = callbacks
