@@ -214,18 +214,15 @@ def _measured_run(graph: Graph, clear_traces: bool = False) -> Run:
             leaf.grad = None
         run = Run(graph)
         run.measuring = measuring
-        with _collector_quiet(measuring, clear_traces):
+        with _quiet_collector(clear_traces) if measuring else contextlib.nullcontext():
             run.run(*keep_all(graph))
     return run
 
 
 @contextlib.contextmanager
-def _collector_quiet(quiet: bool, clear_traces: bool = False) -> Iterator[None]:
+def _quiet_collector(clear_traces: bool) -> Iterator[None]:
     """A full collection with ``gc.callbacks`` set aside, then the collector off until the block
     ends (both as they were after); and, if ``clear_traces``, no traces kept from before."""
-    if not quiet:
-        yield
-        return
     callbacks, enabled = gc.callbacks[:], gc.isenabled()
     gc.callbacks.clear()
     try:
