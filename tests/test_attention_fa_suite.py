@@ -178,8 +178,8 @@ VARIANT_CASES = [  # FA2's local and ALiBi tests: (n_q, n_k, d, sharing, causal,
     (113, 203, 64, "gqa", False, F16, dict(window_size=(32, 16))),
     (128, 217, 59, "mqa", "bottom_right", F32, dict(window_size=(48, 0))),
     (239, 113, 111, "mha", True, F32, dict(window_size=(-1, 8))),
-    (113, 203, 32, "gqa", "bottom_right", F16, dict(alibi_slopes=2.0 ** -np.arange(1, 5))),
-    (256, 256, 80, "mqa", False, F32, dict(alibi_slopes=np.random.default_rng(0).uniform(0, 1, 4))),
+    (113, 203, 32, "gqa", "bottom_right", F16, dict(alibi_slopes=2.0 ** -np.arange(1, SHARING["gqa"][0] + 1))),
+    (256, 256, 80, "mqa", False, F32, dict(alibi_slopes=np.random.default_rng(0).uniform(0, 1, SHARING["mqa"][0]))),
 ]
 
 
@@ -265,7 +265,8 @@ def test_float64_is_within_twice_torchs_error_against_long_double(n_q, n_k, d, s
 def test_a_single_key_gives_its_value_exactly_and_zero_query_and_key_grads(dtype, path):
     q, k, v, do = inputs(239, 1, 64, "gqa", dtype, seed=5)
     out, dq, dk, _ = ag_run(path, q, k, v, do)
-    np.testing.assert_array_equal(out, np.repeat(v, 2, axis=1).repeat(239, axis=2).astype(np.float64))
+    each_query_head = np.repeat(v, q.shape[1] // v.shape[1], axis=1)
+    np.testing.assert_array_equal(out, each_query_head.repeat(239, axis=2).astype(np.float64))
     assert not dq.any() and not dk.any()
 
 
@@ -274,5 +275,5 @@ def test_a_single_key_gives_its_value_exactly_and_zero_query_and_key_grads(dtype
 def test_a_causal_row_that_sees_one_key_gives_its_value_exactly(dtype, path):
     q, k, v, do = inputs(1, 239, 59, "mqa", dtype, seed=6)  # top left: query 0 sees key 0 alone
     out, dq, _, _ = ag_run(path, q, k, v, do, causal=True)
-    np.testing.assert_array_equal(out, np.repeat(v[..., :1, :], 4, axis=1).astype(np.float64))
+    np.testing.assert_array_equal(out, np.repeat(v[..., :1, :], q.shape[1], axis=1).astype(np.float64))
     assert not dq.any()
